@@ -1,0 +1,49 @@
+"""Facts about this machine's toolchain and GPUs (used by `mxgemm info` and the kernel cache key)."""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import subprocess
+
+import torch
+
+
+@functools.cache
+def nvcc_version() -> str | None:
+    """``"13.0"``-style release of the nvcc on PATH, or ``None`` if there is none."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return None
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"release (\d+\.\d+)", out)
+    return m.group(1) if m else None
+
+
+@functools.cache
+def tvm_info() -> dict[str, str]:
+    """TVM version and the codegens it was built with (imports TVM: ~3 s)."""
+    import tvm
+
+    libinfo = tvm.support.libinfo()
+    return {
+        "version": tvm.__version__,
+        "llvm": "on" if tvm.runtime.enabled("llvm") else "off",
+        "cuda codegen": libinfo.get("USE_CUDA", "?").lower(),
+        "cuda runtime": "on" if tvm.runtime.enabled("cuda") else "off (no driver)",
+    }
+
+
+def gpus() -> list[str]:
+    """``"NAME (sm_XY)"`` for each visible CUDA device."""
+    if not torch.cuda.is_available():
+        return []
+    out = []
+    for i in range(torch.cuda.device_count()):
+        major, minor = torch.cuda.get_device_capability(i)
+        out.append(f"{torch.cuda.get_device_name(i)} (sm_{major}{minor})")
+    return out
