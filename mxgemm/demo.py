@@ -56,8 +56,9 @@ def run(model_dir: Path | None = None) -> list[tuple[str, float, float, float]]:
             nbytes, numel = nbytes + q.nbytes, numel + w.numel()
             ref.append(w.flatten())
             approx.append(mxgemm.dequantize(q).flatten())
-        rows.append((fmt, 8 * nbytes / numel, sqnr_db(torch.cat(ref), torch.cat(approx)),
-                     time.perf_counter() - t0))
+        rows.append(
+            (fmt, 8 * nbytes / numel, sqnr_db(torch.cat(ref), torch.cat(approx)), time.perf_counter() - t0)
+        )
     print(f"{len(weights)} weight matrices of {model_dir}")
     print(f"{'format':<12} {'bits/w':>7} {'SQNR dB':>8} {'time s':>7}")
     for fmt, bpw, sqnr, sec in rows:

@@ -81,8 +81,13 @@ class Format:
             max_normal = 2.0**emax * (1 + top_mant / 2**self.mbits)
             min_normal = 2.0 ** (1 - bias)
             min_subnormal = 2.0 ** (1 - bias - self.mbits)
-        for name, value in (("bias", bias), ("emax", emax), ("max_normal", max_normal),
-                            ("min_normal", min_normal), ("min_subnormal", min_subnormal)):
+        for name, value in (
+            ("bias", bias),
+            ("emax", emax),
+            ("max_normal", max_normal),
+            ("min_normal", min_normal),
+            ("min_subnormal", min_subnormal),
+        ):
             object.__setattr__(self, name, value)
 
     @property

@@ -42,8 +42,9 @@ def _round(t: torch.Tensor, rounding: str, generator: torch.Generator | None) ->
     return torch.floor(t + u)
 
 
-def round_to_grid(v: torch.Tensor, fmt: formats.Format, rounding: str = "even",
-                  generator: torch.Generator | None = None) -> torch.Tensor:
+def round_to_grid(
+    v: torch.Tensor, fmt: formats.Format, rounding: str = "even", generator: torch.Generator | None = None
+) -> torch.Tensor:
     """float64 values → the nearest element values of ``fmt`` per ``rounding``, saturated (float64)."""
     if fmt.kind == "int":
         ulp = torch.full_like(v, fmt.min_subnormal)
@@ -108,8 +109,9 @@ def quantize(
         exps.append(e)
     codes_t = torch.cat(codes).reshape(*lead, k)
     scale_codes = torch.cat(exps).reshape(*lead, k // bs)
-    return MxWeight(packing.pack(codes_t, f.bits), scale_codes, f.name, bs, tuple(w.shape),
-                    scale_mode, rounding)
+    return MxWeight(
+        packing.pack(codes_t, f.bits), scale_codes, f.name, bs, tuple(w.shape), scale_mode, rounding
+    )
 
 
 def _chunk_rows(blocks: torch.Tensor) -> int:
@@ -119,8 +121,9 @@ def _chunk_rows(blocks: torch.Tensor) -> int:
     return max(1, _CPU_CHUNK // blocks.shape[1])
 
 
-def _quantize_blocks(blocks: torch.Tensor, f: formats.Format, scale_mode: str, rounding: str,
-                     generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize_blocks(
+    blocks: torch.Tensor, f: formats.Format, scale_mode: str, rounding: str, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``[nblocks, bs]`` → (uint8 codes ``[nblocks, bs]``, uint8 E8M0 codes ``[nblocks]``)."""
     x = blocks.to(torch.float64)
     amax = x.abs().amax(-1)
@@ -142,5 +145,5 @@ def dequantize(q: MxWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     codes = q.codes().reshape(-1, q.block_size)
     factors = scales.scale_factors(q.scales).reshape(-1, 1)
     rows = _chunk_rows(codes)
-    out = [(f.decode(c) * s).to(dtype) for c, s in zip(codes.split(rows), factors.split(rows))]
+    out = [(f.decode(c) * s).to(dtype) for c, s in zip(codes.split(rows), factors.split(rows), strict=True)]
     return torch.cat(out).reshape(q.shape)

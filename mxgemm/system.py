@@ -17,7 +17,9 @@ def nvcc_version() -> str | None:
     if nvcc is None:
         return None
     try:
-        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run(
+            [nvcc, "--version"], check=False, capture_output=True, text=True, timeout=60
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     m = re.search(r"release (\d+\.\d+)", out)
