@@ -1,0 +1,79 @@
+"""TensorIR decode expressions: packed element codes + E8M0 scales → weights.
+
+Every helper returns ONE PrimExpr (no let-bindings): dlight and our rules inline the decode block
+into the matmul's operand load only when it is a single expression.
+"""
+
+from __future__ import annotations
+
+from tvm import te, tirx
+from tvm.ir import Expr as PrimExpr
+
+from mxgemm.formats import Format
+
+U32 = "uint32"
+
+
+def _u32(x: PrimExpr | int) -> PrimExpr:
+    return tirx.const(x, U32) if isinstance(x, int) else tirx.Cast(U32, x)
+
+
+def extract_code(packed: te.Tensor, row: PrimExpr, k: PrimExpr, bits: int) -> PrimExpr:
+    """The ``bits``-wide code of element ``k`` of ``row`` from uint8 ``packed[row, K*bits/8]``.
+
+    The portable layout is a little-endian bitstream along K (:mod:`mxgemm.packing`). Widths that do
+    not divide 8 can straddle two bytes; the second byte is read only when the element straddles,
+    which never happens for the last element of a row.
+    """
+    if bits == 8:
+        return _u32(packed[row, k])
+    if 8 % bits == 0:
+        per = 8 // bits
+        shift = (k % per) * bits
+        return (_u32(packed[row, k // per]) >> _u32(shift)) & _u32(2**bits - 1)
+    bit = k * bits
+    byte, off = bit // 8, bit % 8
+    hi = tirx.if_then_else(off + bits > 8, _u32(packed[row, byte + 1]) << _u32(8), _u32(0))
+    return ((_u32(packed[row, byte]) | hi) >> _u32(off)) & _u32(2**bits - 1)
+
+
+def element_expr(fmt: Format, code: PrimExpr, dtype: str = "float32") -> PrimExpr:
+    """uint32 ``code`` of ``fmt`` → its element value in ``dtype`` (exact in float32).
+
+    float: the magnitude ``(m | implicit_one << mbits) << max(e-1, 0)`` is an integer; times the
+    constant ``2**(1 - bias - mbits)`` it is the value (subnormals included, no float denormals).
+    NaN/inf codes (never produced by quantize) decode to finite values.
+    int: sign-extend the two's complement code, times ``2**-(bits-2)``.
+    """
+    if fmt.kind == "int":
+        s = 32 - fmt.bits
+        signed = tirx.reinterpret("int32", code << _u32(s)) >> tirx.const(s, "int32")
+        value = tirx.Cast("float32", signed) * tirx.const(fmt.min_subnormal, "float32")
+    else:
+        e = (code >> _u32(fmt.mbits)) & _u32(2**fmt.ebits - 1)
+        m = code & _u32(2**fmt.mbits - 1)
+        implicit = tirx.Cast(U32, e != _u32(0)) << _u32(fmt.mbits)
+        shift = tirx.max(e, _u32(1)) - _u32(1)
+        mag = tirx.Cast("float32", (m | implicit) << shift) * tirx.const(fmt.min_subnormal, "float32")
+        negative = (code >> _u32(fmt.bits - 1)) != _u32(0)
+        value = tirx.Select(negative, -mag, mag)
+    return value if dtype == "float32" else tirx.Cast(dtype, value)
+
+
+def scale_expr(scale_code: PrimExpr) -> PrimExpr:
+    """uint8 E8M0 code → float32 ``2**(c-127)`` by shifting it into the exponent field.
+
+    Code 0 sets bit 22 (2**-127, an fp32 subnormal, which flush-to-zero hardware reads as 0);
+    code 255 sets it too, giving the quiet NaN 0x7FC00000.
+    """
+    c = _u32(scale_code)
+    special = tirx.Cast(U32, tirx.Or(c == _u32(0), c == _u32(255))) << _u32(22)
+    return tirx.reinterpret("float32", (c << _u32(23)) | special)
+
+
+def weight_expr(fmt: Format, packed: te.Tensor, scales: te.Tensor, row: PrimExpr,
+                k: PrimExpr, block_size: int, dtype: str) -> PrimExpr:
+    """Decoded weight ``W[row, k]`` in ``dtype``: element × block scale, computed in float32."""
+    code = extract_code(packed, row, k, fmt.bits)
+    value = element_expr(fmt, code) * scale_expr(scales[row, k // block_size])
+    return value if dtype == "float32" else tirx.Cast(dtype, value)

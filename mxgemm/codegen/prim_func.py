@@ -1,0 +1,68 @@
+"""The decode-fused matmul as a TensorIR PrimFunc (TE-built; blocks ``decode``, ``matmul``, ``epilogue``)."""
+
+from __future__ import annotations
+
+from tvm import te, tirx
+
+from mxgemm import formats, packing
+from mxgemm.codegen.decode import weight_expr
+
+A_DTYPES = ("float16", "bfloat16")
+
+
+def prim_func(
+    fmt: str | formats.Format,
+    *,
+    n: int,
+    k: int,
+    m: int | None = None,
+    a_dtype: str = "float16",
+    out_dtype: str | None = None,
+    bias: bool = False,
+    block_size: int | None = None,
+) -> tirx.PrimFunc:
+    """``Y[m, n] = cast(sum_k A[m, k] * W[n, k]) (+ Bias[n])`` with ``W`` decoded from MX/BFP codes.
+
+    Arguments of the PrimFunc, in order:
+        A: ``a_dtype [m, k]`` activations (``m`` a symbolic int64 var when ``m is None``).
+        B: ``uint8 [n, k * bits / 8]`` packed element codes, portable layout (:mod:`mxgemm.packing`).
+        S: ``uint8 [n, k / block_size]`` E8M0 scales.
+        Bias: ``out_dtype [n]`` (only when ``bias``).
+        Y: ``out_dtype [m, n]`` output (defaults to ``a_dtype``).
+    Blocks: ``decode`` (W in ``a_dtype``, one expression), ``matmul`` (fp32 accumulation),
+    ``epilogue`` (cast, bias).
+    """
+    f = formats.get(fmt)
+    bs = formats.check_block_size(block_size, f)
+    out_dtype = out_dtype or a_dtype
+    for name, dt in (("a_dtype", a_dtype), ("out_dtype", out_dtype)):
+        if dt not in A_DTYPES:
+            raise ValueError(f"{name} must be one of {A_DTYPES}, got {dt!r}")
+    for name, v in (("n", n), ("k", k)):
+        if not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if k % bs:
+        raise ValueError(f"k={k} is not a multiple of block_size={bs}")
+    if m is not None and (not isinstance(m, int) or m <= 0):
+        raise ValueError(f"m must be a positive int or None (dynamic), got {m!r}")
+
+    mm = te.var("m", "int64") if m is None else m
+    a = te.placeholder((mm, k), a_dtype, name="A")
+    b = te.placeholder((n, packing.packed_len(k, f.bits)), "uint8", name="B")
+    s = te.placeholder((n, k // bs), "uint8", name="S")
+    w = te.compute((n, k), lambda i, j: weight_expr(f, b, s, i, j, bs, a_dtype), name="decode")
+    r = te.reduce_axis((0, k), name="k")
+    acc = te.compute(
+        (mm, n),
+        lambda i, j: te.sum(tirx.Cast("float32", a[i, r]) * tirx.Cast("float32", w[j, r]), axis=r),
+        name="matmul",
+    )
+    args = [a, b, s]
+    if bias:
+        bias_t = te.placeholder((n,), out_dtype, name="Bias")
+        y = te.compute((mm, n), lambda i, j: tirx.Cast(out_dtype, acc[i, j] + tirx.Cast("float32", bias_t[j])),
+                       name="epilogue")
+        args.append(bias_t)
+    else:
+        y = te.compute((mm, n), lambda i, j: tirx.Cast(out_dtype, acc[i, j]), name="epilogue")
+    return te.create_prim_func([*args, y]).with_attr("global_symbol", "main")
