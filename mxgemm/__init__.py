@@ -1,9 +1,19 @@
 """mxgemm: mixed-precision GEMM kernels for OCP MX and block-floating-point weights, built with TVM."""
 
-from mxgemm import formats
-from mxgemm.reference import dequantize, quantize
-from mxgemm.weight import MxWeight
-
 __version__ = "0.1.0"
 
-__all__ = ["MxWeight", "dequantize", "formats", "quantize", "__version__"]
+from mxgemm import formats  # noqa: E402
+from mxgemm.codegen.build import Kernel, build  # noqa: E402
+from mxgemm.ops import linear  # noqa: E402
+from mxgemm.reference import dequantize, quantize  # noqa: E402
+from mxgemm.weight import MxWeight  # noqa: E402
+
+
+def prim_func(*args, **kwargs):
+    """See :func:`mxgemm.codegen.prim_func.prim_func` (imported on first use: TVM takes ~3 s to import)."""
+    from mxgemm.codegen.prim_func import prim_func as _prim_func
+
+    return _prim_func(*args, **kwargs)
+
+
+__all__ = ["Kernel", "MxWeight", "build", "dequantize", "formats", "linear", "prim_func", "quantize"]

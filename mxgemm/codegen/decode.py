@@ -71,8 +71,9 @@ def scale_expr(scale_code: PrimExpr) -> PrimExpr:
     return tirx.reinterpret("float32", (c << _u32(23)) | special)
 
 
-def weight_expr(fmt: Format, packed: te.Tensor, scales: te.Tensor, row: PrimExpr,
-                k: PrimExpr, block_size: int, dtype: str) -> PrimExpr:
+def weight_expr(
+    fmt: Format, packed: te.Tensor, scales: te.Tensor, row: PrimExpr, k: PrimExpr, block_size: int, dtype: str
+) -> PrimExpr:
     """Decoded weight ``W[row, k]`` in ``dtype``: element × block scale, computed in float32."""
     code = extract_code(packed, row, k, fmt.bits)
     value = element_expr(fmt, code) * scale_expr(scales[row, k // block_size])

@@ -5,9 +5,8 @@ from __future__ import annotations
 from tvm import te, tirx
 
 from mxgemm import formats, packing
+from mxgemm.codegen.build import A_DTYPES, _check_shape
 from mxgemm.codegen.decode import weight_expr
-
-A_DTYPES = ("float16", "bfloat16")
 
 
 def prim_func(
@@ -38,11 +37,7 @@ def prim_func(
     for name, dt in (("a_dtype", a_dtype), ("out_dtype", out_dtype)):
         if dt not in A_DTYPES:
             raise ValueError(f"{name} must be one of {A_DTYPES}, got {dt!r}")
-    for name, v in (("n", n), ("k", k)):
-        if not isinstance(v, int) or v <= 0:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-    if k % bs:
-        raise ValueError(f"k={k} is not a multiple of block_size={bs}")
+    _check_shape(n, k, bs)
     if m is not None and (not isinstance(m, int) or m <= 0):
         raise ValueError(f"m must be a positive int or None (dynamic), got {m!r}")
 
@@ -60,8 +55,11 @@ def prim_func(
     args = [a, b, s]
     if bias:
         bias_t = te.placeholder((n,), out_dtype, name="Bias")
-        y = te.compute((mm, n), lambda i, j: tirx.Cast(out_dtype, acc[i, j] + tirx.Cast("float32", bias_t[j])),
-                       name="epilogue")
+        y = te.compute(
+            (mm, n),
+            lambda i, j: tirx.Cast(out_dtype, acc[i, j] + tirx.Cast("float32", bias_t[j])),
+            name="epilogue",
+        )
         args.append(bias_t)
     else:
         y = te.compute((mm, n), lambda i, j: tirx.Cast(out_dtype, acc[i, j]), name="epilogue")

@@ -1,0 +1,202 @@
+"""`mxgemm.build`: prim_func → schedule rule → compiled library (LLVM or CUDA via nvcc) → `Kernel`.
+
+CUDA kernels are compiled ahead of time by nvcc into a fatbin (SASS for the arch + PTX), so a kernel
+built on a GPU-less machine runs on a GPU machine that has only the TVM runtime.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import mxgemm
+from mxgemm import formats, system
+from mxgemm.codegen import cache, target as targets
+
+A_DTYPES = ("float16", "bfloat16")
+M_BUCKETS = (1, 16, 64, 256, None)  # None: no upper bound
+
+
+def m_bucket_for(m: int, target_kind: str) -> int | None:
+    """The kernel bucket that serves ``m`` rows: one dynamic-M kernel on CPU; on CUDA the smallest
+    bucket ≥ m."""
+    if target_kind != "cuda":
+        return None
+    return next(b for b in M_BUCKETS if b is None or m <= b)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Everything that determines a kernel (the cache key adds the tool versions)."""
+
+    fmt: str
+    n: int
+    k: int
+    m_bucket: int | None
+    a_dtype: str
+    out_dtype: str
+    bias: bool
+    block_size: int
+    target: dict[str, Any] = field(hash=False)
+    schedule: str = "default"
+
+    def key(self) -> dict[str, Any]:
+        return {**asdict(self), "versions": versions(self.target)}
+
+
+@functools.cache
+def _tvm_version() -> str:
+    import tvm
+
+    return tvm.__version__
+
+
+def versions(target: dict[str, Any]) -> dict[str, str | None]:
+    out = {"mxgemm": mxgemm.__version__, "tvm": _tvm_version()}
+    if targets.is_cuda(target):
+        out["nvcc"] = system.nvcc_version()
+    return out
+
+
+class Kernel:
+    """A compiled decode-fused matmul.
+
+    Call ``kernel(x, blocks, scales, bias, out)``: ``x`` ``a_dtype [m, k]`` (m within the bucket),
+    ``blocks`` uint8 ``[n, k*bits/8]``, ``scales`` uint8 ``[n, k/block]``, ``bias`` ``out_dtype [n]``
+    (only if built with bias), ``out`` ``out_dtype [m, n]``, all contiguous on the target's device.
+    """
+
+    def __init__(self, spec: KernelSpec, path: Path, info: dict[str, Any]):
+        self.spec, self.path, self.info = spec, path, info
+        self._func = None
+        self._lock = threading.Lock()
+
+    @property
+    def source(self) -> str:
+        """The generated CUDA source (CUDA targets) or LLVM IR (CPU targets)."""
+        return self.info["source"]
+
+    @property
+    def rule(self) -> str:
+        """Name of the schedule rule that produced the kernel."""
+        return self.info["rule"]
+
+    def _load(self):
+        with self._lock:
+            if self._func is None:
+                import tvm
+
+                self._func = tvm.runtime.load_module(str(self.path))["main"]
+        return self._func
+
+    def __call__(self, *args: torch.Tensor) -> None:
+        self._load()(*args)
+
+    def __repr__(self) -> str:
+        s = self.spec
+        return (
+            f"Kernel({s.fmt}, n={s.n}, k={s.k}, m_bucket={s.m_bucket}, {s.a_dtype}->{s.out_dtype}, "
+            f"bias={s.bias}, block={s.block_size}, {s.target['kind']}:{s.target.get('arch', s.target.get('mcpu'))},"
+            f" rule={self.rule})"
+        )
+
+
+def _compile(spec: KernelSpec, out: Path) -> dict[str, Any]:
+    """Schedule, compile and export ``spec`` to ``out``; returns metadata (rule, source)."""
+    import tvm
+
+    from mxgemm import rules
+    from mxgemm.codegen.prim_func import prim_func
+
+    m = 1 if spec.m_bucket == 1 else None
+    func = prim_func(
+        spec.fmt,
+        n=spec.n,
+        k=spec.k,
+        m=m,
+        a_dtype=spec.a_dtype,
+        out_dtype=spec.out_dtype,
+        bias=spec.bias,
+        block_size=spec.block_size,
+    )
+    rule, mod = rules.schedule(func, spec.target, spec.m_bucket)
+    if targets.is_cuda(spec.target):
+        from mxgemm.codegen import nvcc
+
+        ex = nvcc.compile_module(mod, spec.target)
+        source = ex.mod.imports[0].inspect_source("cuda")
+    else:
+        ex = tvm.compile(mod, target=spec.target)
+        source = ex.mod.inspect_source("ll")
+    ex.export_library(str(out))
+    return {"rule": rule, "source": source}
+
+
+_loaded: dict[str, Kernel] = {}
+_loaded_lock = threading.Lock()
+
+
+def build(
+    fmt: str | formats.Format,
+    *,
+    n: int,
+    k: int,
+    m_bucket: int | None = None,
+    a_dtype: str | torch.dtype = "float16",
+    target: str | dict[str, Any] = "llvm",
+    out_dtype: str | torch.dtype | None = None,
+    bias: bool = False,
+    block_size: int | None = None,
+) -> Kernel:
+    """Build (or fetch from the cache) the kernel for one layer shape and M bucket.
+
+    Args:
+        fmt: weight format name. n, k: output / input features (k a multiple of the block size).
+        m_bucket: rows served: 1, 16, 64, 256 or None (any M). CPU kernels always serve any M.
+        a_dtype, out_dtype: ``"float16"`` or ``"bfloat16"`` (or the torch dtypes); out defaults to a_dtype.
+        target: ``"llvm"``, ``"cuda"`` (arch of the current GPU), ``"sm_80"``/``"sm_90"``, or a dict.
+        bias: add a ``[n]`` bias in the epilogue. block_size: elements per scale (default 32).
+    """
+    f = formats.get(fmt)
+    bs = formats.check_block_size(block_size, f)
+    tgt = targets.resolve(target)
+    a = _dtype_name(a_dtype, "a_dtype")
+    o = _dtype_name(out_dtype, "out_dtype") if out_dtype is not None else a
+    if m_bucket not in M_BUCKETS:
+        raise ValueError(f"m_bucket must be one of {M_BUCKETS}, got {m_bucket!r}")
+    if not targets.is_cuda(tgt):
+        m_bucket = None
+    _check_shape(n, k, bs)
+    if targets.is_cuda(tgt) and system.nvcc_version() is None:
+        raise RuntimeError("CUDA kernels need nvcc on PATH (the CUDA toolkit); CPU kernels work without it")
+    spec = KernelSpec(f.name, n, k, m_bucket, a, o, bias, bs, tgt)
+    skey = json.dumps(spec.key(), sort_keys=True, default=str)
+    with _loaded_lock:
+        kernel = _loaded.get(skey)
+    if kernel is None:
+        path, info = cache.get_or_build(spec.key(), lambda p: _compile(spec, p))
+        kernel = Kernel(spec, path, info)
+        with _loaded_lock:
+            kernel = _loaded.setdefault(skey, kernel)
+    return kernel
+
+
+def _check_shape(n: int, k: int, block_size: int) -> None:
+    for name, v in (("n", n), ("k", k)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if k % block_size:
+        raise ValueError(f"k={k} is not a multiple of block_size={block_size}")
+
+
+def _dtype_name(dt: str | torch.dtype, arg: str) -> str:
+    name = str(dt).removeprefix("torch.")
+    if name not in A_DTYPES:
+        raise ValueError(f"{arg} must be one of {A_DTYPES}, got {dt!r}")
+    return name

@@ -1,0 +1,85 @@
+"""Compilation targets: ``"llvm"`` (this CPU) and CUDA archs, as the dicts TVM 0.27 wants.
+
+CUDA limits come from the arch so no GPU is needed to build (``shared/DESIGN.md`` §2: give
+``max_shared_memory_per_block``; the ``sm_90a`` tag disables dlight's tensor cores, use ``sm_90``).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+# Dynamic shared memory per block (bytes) by compute capability; 48 KB static.
+_SMEM = {70: 96 * 1024, 75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+MIN_SM = 80  # bf16 and the async copies we rely on
+
+
+def sm_version(arch: str) -> int:
+    """``"sm_90"`` → 90."""
+    m = re.fullmatch(r"sm_(\d+)a?", arch)
+    if not m:
+        raise ValueError(f"CUDA arch must look like 'sm_80' or 'sm_90', got {arch!r}")
+    return int(m.group(1))
+
+
+@functools.cache
+def cpu() -> dict[str, Any]:
+    """LLVM target for this machine's CPU."""
+    from tvm.target import codegen
+
+    return {"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()}
+
+
+def cuda(arch: str) -> dict[str, Any]:
+    """CUDA target dict for ``arch`` (``sm_80``, ``sm_86``, ``sm_89``, ``sm_90``)."""
+    sm = sm_version(arch)
+    if sm < MIN_SM:
+        raise ValueError(f"mxgemm CUDA kernels need sm_80 or newer (bf16, cp.async), got {arch!r}")
+    if arch.endswith("a"):
+        raise ValueError(
+            f"use {arch[:-1]!r} instead of {arch!r}: the 'a' tag disables tensor cores in dlight"
+        )
+    return {
+        "kind": "cuda",
+        "arch": arch,
+        "max_shared_memory_per_block": _SMEM.get(sm, 99 * 1024),
+        "max_threads_per_block": 1024,
+        "thread_warp_size": 32,
+        "registers_per_block": 65536,
+    }
+
+
+def resolve(target: str | dict[str, Any]) -> dict[str, Any]:
+    """``"llvm"``/``"cpu"``, ``"cuda"`` (arch of GPU 0), ``"sm_90"``, ``{"kind": "cuda", "arch": ...}``
+    or an ``{"kind": "llvm", ...}`` dict → a complete target dict."""
+    if isinstance(target, dict):
+        kind = target.get("kind")
+        if kind == "llvm":
+            return {**cpu(), **target}
+        if kind == "cuda":
+            if "arch" not in target:
+                raise ValueError(f"CUDA target needs an 'arch' such as 'sm_90': {target!r}")
+            return {**cuda(target["arch"]), **target}
+        raise ValueError(f"target kind must be 'llvm' or 'cuda', got {kind!r} in {target!r}")
+    if target in ("llvm", "cpu"):
+        return cpu()
+    if target == "cuda":
+        return cuda(device_arch())
+    if isinstance(target, str) and target.startswith("sm_"):
+        return cuda(target)
+    raise ValueError(f"target must be 'llvm', 'cuda', 'sm_XY' or a target dict, got {target!r}")
+
+
+def device_arch(index: int | None = None) -> str:
+    """``sm_XY`` of a visible CUDA device (the current one by default)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device visible: build for an explicit arch such as 'sm_90' instead")
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm_{major}{minor}"
+
+
+def is_cuda(target: dict[str, Any]) -> bool:
+    return target["kind"] == "cuda"

@@ -1,0 +1,114 @@
+"""`mxgemm.linear`: ``y = x @ W.T (+ bias)`` with W an `MxWeight`, on the generated kernels.
+
+Registered as the torch custom op ``mxgemm::linear`` (with a fake implementation), so it traces under
+torch.compile without graph breaks. CPU tensors run the LLVM kernel; CUDA tensors run the CUDA kernel
+for the device's arch on the current torch stream.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mxgemm import formats
+from mxgemm.codegen import build as builder
+from mxgemm.codegen import target as targets
+from mxgemm.weight import MxWeight
+
+ACT_DTYPES = (torch.float16, torch.bfloat16)
+FP16_MAX = 65504.0
+_fp16_checked: dict[tuple[int, int, int], float] = {}
+
+
+def _max_weight(
+    blocks: torch.Tensor, scales: torch.Tensor, fmt: str, block_size: int, n: int, k: int
+) -> float:
+    """Largest |W| (exact, via the reference decode), cached per scales tensor version."""
+    key = (scales.data_ptr(), scales._version, blocks.data_ptr())
+    if key not in _fp16_checked:
+        from mxgemm.reference import dequantize
+
+        w = MxWeight(blocks, scales, fmt, block_size, (n, k))
+        _fp16_checked[key] = dequantize(w).abs().nan_to_num(0.0).max().item()
+    return _fp16_checked[key]
+
+
+@torch.library.custom_op("mxgemm::linear", mutates_args=())
+def _linear(
+    x: torch.Tensor,
+    blocks: torch.Tensor,
+    scales: torch.Tensor,
+    bias: torch.Tensor | None,
+    fmt: str,
+    block_size: int,
+    n: int,
+    k: int,
+) -> torch.Tensor:
+    x2 = x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out.reshape(*x.shape[:-1], n)
+    if x.dtype == torch.float16 and _max_weight(blocks, scales, fmt, block_size, n, k) > FP16_MAX:
+        raise ValueError(
+            f"{fmt} weight [{n}, {k}] decodes to values beyond float16's range (max |W| = "
+            f"{_max_weight(blocks, scales, fmt, block_size, n, k):.3g} > {FP16_MAX}); use bfloat16 activations"
+        )
+    if x.device.type == "cuda":
+        tgt = targets.cuda(targets.device_arch(x.device.index))
+    else:
+        tgt = targets.cpu()
+    kernel = builder.build(
+        fmt,
+        n=n,
+        k=k,
+        m_bucket=builder.m_bucket_for(m, tgt["kind"]),
+        a_dtype=x.dtype,
+        target=tgt,
+        bias=bias is not None,
+        block_size=block_size,
+    )
+    args = [x2, blocks, scales] + ([bias.contiguous()] if bias is not None else []) + [out]
+    if x.device.type == "cuda":
+        import tvm_ffi
+
+        with torch.cuda.device(x.device), tvm_ffi.use_torch_stream():
+            kernel(*args)
+    else:
+        kernel(*args)
+    return out.reshape(*x.shape[:-1], n)
+
+
+@_linear.register_fake
+def _(x, blocks, scales, bias, fmt, block_size, n, k):
+    return x.new_empty(*x.shape[:-1], n)
+
+
+def linear(x: torch.Tensor, w: MxWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ dequantize(w).T + bias`` computed by a decode-fused kernel, accumulating in fp32.
+
+    Args:
+        x: float16/bfloat16 ``[..., k]`` on CPU or CUDA.
+        w: 2-D `MxWeight` of shape ``[n, k]`` on ``x``'s device.
+        bias: ``[n]`` of ``x.dtype`` on ``x``'s device, or None.
+    Returns:
+        ``x.dtype [..., n]``.
+    """
+    if not isinstance(w, MxWeight):
+        raise TypeError(f"linear: w must be an MxWeight (from mxgemm.quantize), got {type(w).__name__}")
+    if len(w.shape) != 2:
+        raise ValueError(f"linear: w must be 2-D [n, k], got shape {list(w.shape)}")
+    n, k = w.shape
+    if x.dtype not in ACT_DTYPES:
+        raise TypeError(f"linear: x must be float16 or bfloat16, got {x.dtype}")
+    if x.dim() == 0 or x.shape[-1] != k:
+        raise ValueError(f"linear: x's last dimension must be k={k} (w is [{n}, {k}]), got x {list(x.shape)}")
+    if w.device != x.device:
+        raise ValueError(f"linear: x is on {x.device} but w is on {w.device}; move one with .to()")
+    if bias is not None:
+        if bias.shape != (n,) or bias.dtype != x.dtype or bias.device != x.device:
+            raise ValueError(
+                f"linear: bias must be {x.dtype} [{n}] on {x.device}, got {bias.dtype} {list(bias.shape)} "
+                f"on {bias.device}"
+            )
+    formats.get(w.fmt)
+    return _linear(x, w.blocks, w.scales, bias, w.fmt, w.block_size, n, k)
