@@ -48,10 +48,10 @@ def _linear(
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out.reshape(*x.shape[:-1], n)
-    if x.dtype == torch.float16 and _max_weight(blocks, scales, fmt, block_size, n, k) > FP16_MAX:
+    if x.dtype == torch.float16 and (wmax := _max_weight(blocks, scales, fmt, block_size, n, k)) > FP16_MAX:
         raise ValueError(
-            f"{fmt} weight [{n}, {k}] decodes to values beyond float16's range (max |W| = "
-            f"{_max_weight(blocks, scales, fmt, block_size, n, k):.3g} > {FP16_MAX}); use bfloat16 activations"
+            f"{fmt} weight [{n}, {k}] decodes to values beyond float16's range (max |W| = {wmax:.3g} > "
+            f"{FP16_MAX}); use bfloat16 activations"
         )
     if x.device.type == "cuda":
         tgt = targets.cuda(targets.device_arch(x.device.index))

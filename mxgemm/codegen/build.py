@@ -17,7 +17,8 @@ import torch
 
 import mxgemm
 from mxgemm import formats, system
-from mxgemm.codegen import cache, target as targets
+from mxgemm.codegen import cache
+from mxgemm.codegen import target as targets
 
 A_DTYPES = ("float16", "bfloat16")
 M_BUCKETS = (1, 16, 64, 256, None)  # None: no upper bound
@@ -102,9 +103,12 @@ class Kernel:
         s = self.spec
         return (
             f"Kernel({s.fmt}, n={s.n}, k={s.k}, m_bucket={s.m_bucket}, {s.a_dtype}->{s.out_dtype}, "
-            f"bias={s.bias}, block={s.block_size}, {s.target['kind']}:{s.target.get('arch', s.target.get('mcpu'))},"
-            f" rule={self.rule})"
+            f"bias={s.bias}, block={s.block_size}, {_target_name(s.target)}, rule={self.rule})"
         )
+
+
+def _target_name(target: dict[str, Any]) -> str:
+    return f"{target['kind']}:{target.get('arch') or target.get('mcpu')}"
 
 
 def _compile(spec: KernelSpec, out: Path) -> dict[str, Any]:
