@@ -63,4 +63,6 @@ def prim_func(
         args.append(bias_t)
     else:
         y = te.compute((mm, n), lambda i, j: tirx.Cast(out_dtype, acc[i, j]), name="epilogue")
-    return te.create_prim_func([*args, y]).with_attr("global_symbol", "main")
+    # int64 indices: a symbolic int64 M next to int32 indices breaks dlight's Matmul rule.
+    func = te.create_prim_func([*args, y], index_dtype_override="int64" if m is None else None)
+    return func.with_attr("global_symbol", "main")

@@ -1,0 +1,100 @@
+"""Ahead-of-time CUDA compilation: TVM codegen → nvcc fatbin, with or without a GPU driver.
+
+``tvm.compile`` hands CUDA source to a factory that lives in ``libtvm_runtime_cuda.so``, which links
+the driver ``libcuda.so.1``; on a GPU-less box that library fails to load silently and the module
+keeps *source* instead of a binary (``shared/DESIGN.md`` §2). We load a stub driver there (every call
+fails with "no device"; it is only needed to build), then the CUDA runtime library, and register our
+own nvcc callback: a fatbin with SASS for the target arch plus its PTX, without ``--use_fast_math``
+(which would flush the 2**-127 scale to zero).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+FATBIN_MAGIC = bytes.fromhex("50ed55ba")
+NVCC_FLAGS = ("-O3", "-std=c++17", "-lineinfo")
+
+
+def gencode(arch: str) -> list[str]:
+    """SASS for ``arch`` plus its PTX (JIT-compiled by newer GPUs' drivers)."""
+    sm = arch.removeprefix("sm_")
+    return ["-gencode", f"arch=compute_{sm},code=sm_{sm}", "-gencode", f"arch=compute_{sm},code=compute_{sm}"]
+
+
+def compile_fatbin(code: str, arch: str) -> bytes:
+    """CUDA source → fatbin bytes for ``arch`` (raises RuntimeError with nvcc's message on failure)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise RuntimeError("CUDA kernels need nvcc on PATH (the CUDA toolkit); CPU kernels work without it")
+    with tempfile.TemporaryDirectory(prefix="mxgemm-nvcc-") as d:
+        src, out = Path(d) / "kernel.cu", Path(d) / "kernel.fatbin"
+        src.write_text(code)
+        cmd = [nvcc, "-fatbin", *NVCC_FLAGS, *gencode(arch), "-o", str(out), str(src)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
+        return out.read_bytes()
+
+
+def _driver_available() -> bool:
+    try:
+        ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return False
+    return True
+
+
+def _load_stub_driver() -> None:
+    from mxgemm.codegen.cache import cache_dir
+
+    so = cache_dir().parent / "libcuda_stub" / "libcuda.so.1"
+    if not so.exists():
+        so.parent.mkdir(parents=True, exist_ok=True)
+        src = Path(__file__).with_name("libcuda_stub.c")
+        tmp = so.with_name(f".{os.getpid()}.so")
+        cmd = ["gcc", "-shared", "-fPIC", "-O2", "-Wl,-soname,libcuda.so.1", "-o", str(tmp), str(src)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"building the CUDA driver stub failed ({' '.join(cmd)}): {proc.stderr}")
+        os.replace(tmp, so)
+    ctypes.CDLL(str(so), mode=ctypes.RTLD_GLOBAL)
+
+
+@functools.cache
+def enable() -> None:
+    """Make ``tvm.compile`` emit CUDA modules holding nvcc fatbins (idempotent)."""
+    import tvm
+    import tvm_ffi
+
+    if "ffi.Module.create.cuda" not in tvm_ffi.registry.list_global_func_names():
+        if not _driver_available():
+            _load_stub_driver()
+        lib = Path(tvm.__file__).parent / "lib" / "libtvm_runtime_cuda.so"
+        try:
+            ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            raise RuntimeError(
+                f"cannot load TVM's CUDA runtime {lib}: {e} (is the CUDA 13 runtime installed?)"
+            ) from e
+
+    @tvm_ffi.register_global_func("tvm_callback_cuda_compile", override=True)
+    def _compile(code: str, *_: Any) -> bytes:
+        return compile_fatbin(code, str(tvm.target.Target.current().arch))
+
+
+def compile_module(mod: Any, target: dict[str, Any]) -> Any:
+    """``tvm.compile`` of a scheduled IRModule for a CUDA target; the device code is a fatbin."""
+    import tvm
+
+    enable()
+    tgt = tvm.target.Target(target)
+    with tgt:
+        return tvm.compile(mod, target=tgt)
