@@ -23,6 +23,8 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     if bits == 8:
         return codes.contiguous()
     *lead, k = codes.shape
+    if k % 8:
+        raise ValueError(f"pack: the last dimension ({k}) must be a multiple of 8 to pack {bits}-bit codes")
     groups = codes.reshape(*lead, k // 8, 8).to(torch.int64)
     shifts = torch.arange(8, device=codes.device, dtype=torch.int64) * bits
     word = (groups << shifts).sum(-1, keepdim=True)  # 8 codes in 8*bits <= 56 bits
@@ -35,6 +37,10 @@ def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
     if bits == 8:
         return packed.contiguous()
     *lead, nbytes = packed.shape
+    if nbytes % bits:
+        raise ValueError(
+            f"unpack: the last dimension ({nbytes} bytes) must be a multiple of {bits} for {bits}-bit codes"
+        )
     groups = packed.reshape(*lead, nbytes // bits, bits).to(torch.int64)
     word = (groups << (8 * torch.arange(bits, device=packed.device, dtype=torch.int64))).sum(-1, keepdim=True)
     codes = (word >> (torch.arange(8, device=packed.device, dtype=torch.int64) * bits)) & (2**bits - 1)

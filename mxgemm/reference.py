@@ -61,7 +61,7 @@ def _check(x: torch.Tensor, fmt: formats.Format, block_size: int) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"quantize: x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in INPUT_DTYPES:
-        raise TypeError(f"quantize: x must be float32, float16 or bfloat16, got {x.dtype}")
+        raise TypeError(f"quantize: x must be float32, float16, bfloat16 or float64, got {x.dtype}")
     if x.dim() == 0:
         raise ValueError("quantize: x must have at least one dimension (blocks run along the last)")
     if x.shape[-1] % block_size:
@@ -138,12 +138,16 @@ def _quantize_blocks(
 def dequantize(q: MxWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``MxWeight`` → tensor of ``q.shape`` in ``dtype`` on ``q.device``.
 
-    Element value × 2**(scale-127) is exact in float32 (NaN-scale blocks give NaN), then cast.
+    Element value × 2**(scale-127) is computed exactly (in float32, or float64 when ``dtype`` is
+    float64, where MX values beyond float32's range stay finite), NaN-scale blocks give NaN, then cast.
     """
     f = q.format
-    *lead, k = q.shape
+    work = torch.float64 if dtype == torch.float64 else torch.float32
     codes = q.codes().reshape(-1, q.block_size)
-    factors = scales.scale_factors(q.scales).reshape(-1, 1)
+    factors = scales.scale_factors(q.scales).reshape(-1, 1).to(work)
     rows = _chunk_rows(codes)
-    out = [(f.decode(c) * s).to(dtype) for c, s in zip(codes.split(rows), factors.split(rows), strict=True)]
+    out = [
+        (f.decode(c).to(work) * s).to(dtype)
+        for c, s in zip(codes.split(rows), factors.split(rows), strict=True)
+    ]
     return torch.cat(out).reshape(q.shape)

@@ -36,6 +36,12 @@ class MxWeight:
 
     def __post_init__(self) -> None:
         f = formats.get(self.fmt)
+        formats.check_block_size(self.block_size, f)
+        if not self.shape or self.shape[-1] % self.block_size:
+            raise ValueError(
+                f"MxWeight: the last dimension of shape {list(self.shape)} must be a multiple of "
+                f"block_size={self.block_size}"
+            )
         *lead, k = self.shape
         want_blocks = (*lead, packing.packed_len(k, f.bits))
         want_scales = (*lead, k // self.block_size)

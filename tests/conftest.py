@@ -1,0 +1,16 @@
+"""Shared test configuration: `gpu` tests skip where CUDA is absent; `nvcc` tests where nvcc is."""
+
+import shutil
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    no_nvcc = pytest.mark.skip(reason="needs nvcc on PATH")
+    for item in items:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(no_gpu)
+        if "nvcc" in item.keywords and shutil.which("nvcc") is None:
+            item.add_marker(no_nvcc)
