@@ -1,0 +1,32 @@
+"""Build the CUDA kernels of the GPU tests here (no GPU needed) into $MXGEMM_CACHE_DIR, so a GPU box with
+only the TVM runtime can run them: ``MXGEMM_CACHE_DIR=DIR python -m tests.prebuild_gpu sm_90``."""
+
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+import mxgemm
+from mxgemm.codegen.build import m_bucket_for
+from tests.linear_cases import BLOCK_CASES, DTYPES, FORMATS, K, MS, N
+
+
+def cases(arch):
+    buckets = sorted({m_bucket_for(m, "cuda") for m in MS}, key=str)
+    for fmt in FORMATS:
+        for dt in DTYPES:
+            for bias in (False, True):
+                for b in buckets:
+                    yield dict(fmt=fmt, n=N, k=K, m_bucket=b, a_dtype=dt, bias=bias, target=arch)
+    for fmt, block, n, k in BLOCK_CASES:
+        for b in buckets:
+            yield dict(fmt=fmt, n=n, k=k, m_bucket=b, a_dtype="bfloat16", block_size=block, target=arch)
+
+
+def _build(kw):
+    return repr(mxgemm.build(**kw))
+
+
+if __name__ == "__main__":
+    arch = sys.argv[1] if len(sys.argv) > 1 else "sm_90"
+    with ProcessPoolExecutor(int(sys.argv[2]) if len(sys.argv) > 2 else 2) as pool:
+        for i, r in enumerate(pool.map(_build, cases(arch))):
+            print(i, r, flush=True)

@@ -1,0 +1,156 @@
+"""`mxgemm.linear` numerics against the reference (CPU in CI; the same on CUDA under the `gpu` marker)."""
+
+import pytest
+import torch
+
+import mxgemm
+from mxgemm import ops
+from tests.linear_cases import BLOCK_CASES, DTYPES, FORMATS, K, MS, N
+
+
+def _weights(fmt, n, k, block_size=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    # per-row magnitudes over six decades, so scales vary across blocks
+    w = torch.randn(n, k, generator=g) * torch.logspace(-3, 3, n).unsqueeze(1)
+    return mxgemm.quantize(w, fmt, block_size=block_size)
+
+
+def _check(x, q, bias, y):
+    """y must equal x.float() @ dequantize(q).T (+ bias) up to fp32 summation order, then the cast."""
+    ref = x.float() @ mxgemm.dequantize(q).to(x.device).T
+    if bias is not None:
+        ref = ref + bias.float()
+    assert y.dtype == x.dtype and y.shape == (*x.shape[:-1], q.shape[0])
+    scale = (x.float().abs() @ mxgemm.dequantize(q).to(x.device).abs().T).clamp(min=1e-30)
+    eps = torch.finfo(x.dtype).eps
+    err = (y.float() - ref).abs()
+    # one rounding to the output dtype (half ulp ≤ eps·|ref|) + fp32 accumulation-order error
+    bound = eps * ref.abs() + 1e-5 * scale
+    assert bool((err <= bound).all()), f"max excess {(err - bound).max().item():.3g}"
+
+
+def _run(fmt, dtype, bias, m, device, n=N, k=K, block_size=None, batch=()):
+    dt = getattr(torch, dtype)
+    q = _weights(fmt, n, k, block_size).to(device)
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(*batch, m, k, generator=g).to(dt).to(device)
+    b = torch.randn(n, generator=g).to(dt).to(device) if bias else None
+    y = mxgemm.linear(x, q, b)
+    _check(x, q, b, y)
+
+
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cpu(fmt, dtype, bias, m):
+    _run(fmt, dtype, bias, m, "cpu")
+
+
+@pytest.mark.parametrize(("fmt", "block", "n", "k"), BLOCK_CASES)
+def test_cpu_block_sizes(fmt, block, n, k):
+    for m in MS:
+        _run(fmt, "bfloat16", False, m, "cpu", n=n, k=k, block_size=block)
+
+
+def test_cpu_batch_dims_and_empty():
+    _run("mxfp4", "bfloat16", True, 3, "cpu", batch=(2, 2))
+    q = _weights("mxfp4", N, K)
+    y = mxgemm.linear(torch.zeros(0, K, dtype=torch.float16), q)
+    assert y.shape == (0, N)
+
+
+def test_cpu_kernel_is_bit_exact_for_exact_products():
+    """With a one-hot x each output is a single decoded weight: the kernel's decode must equal the
+    reference bit for bit, for every format (cast to bf16 once, like the reference)."""
+    for fmt in FORMATS:
+        q = _weights(fmt, N, K)
+        x = torch.eye(K, dtype=torch.bfloat16)
+        y = mxgemm.linear(x, q)
+        assert torch.equal(y, mxgemm.dequantize(q).T.to(torch.bfloat16)), fmt
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gpu(fmt, dtype, bias, m):
+    _run(fmt, dtype, bias, m, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("fmt", "block", "n", "k"), BLOCK_CASES)
+def test_gpu_block_sizes(fmt, block, n, k):
+    for m in MS:
+        _run(fmt, "bfloat16", False, m, "cuda", n=n, k=k, block_size=block)
+
+
+@pytest.mark.gpu
+def test_gpu_exact_decode_and_side_stream():
+    """One-hot x on a side stream: bit-exact decode on the GPU, and the kernel runs on torch's stream."""
+    s = torch.cuda.Stream()
+    for fmt in FORMATS:
+        q = _weights(fmt, N, K).to("cuda")
+        with torch.cuda.stream(s):
+            x = torch.eye(K, dtype=torch.bfloat16, device="cuda")
+            y = mxgemm.linear(x, q)
+        s.synchronize()
+        assert torch.equal(y.cpu(), mxgemm.dequantize(q).T.to(torch.bfloat16).cpu()), fmt
+
+
+# ---- bad input ------------------------------------------------------------------------------------
+
+
+def test_bad_inputs():
+    q = _weights("mxfp4", N, K)
+    x = torch.randn(2, K, dtype=torch.float16)
+    with pytest.raises(ValueError, match="last dimension must be k=96"):
+        mxgemm.linear(torch.randn(2, K + 32, dtype=torch.float16), q)
+    with pytest.raises(TypeError, match="float16 or bfloat16.*float32"):
+        mxgemm.linear(x.float(), q)
+    with pytest.raises(ValueError, match="bias must be torch.float16 \\[40\\]"):
+        mxgemm.linear(x, q, torch.zeros(N + 1, dtype=torch.float16))
+    with pytest.raises(ValueError, match="bias must be"):
+        mxgemm.linear(x, q, torch.zeros(N, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="MxWeight"):
+        mxgemm.linear(x, torch.zeros(N, K))
+    with pytest.raises(ValueError, match="2-D"):
+        mxgemm.linear(x, mxgemm.quantize(torch.randn(2, N, K), "mxfp4"))
+
+
+def test_fp16_overflow_is_an_error_that_suggests_bf16():
+    w = torch.randn(N, K) * 1e6  # decodes beyond float16's 65504
+    q = mxgemm.quantize(w, "mxfp8_e4m3")
+    with pytest.raises(ValueError, match="beyond float16's range.*bfloat16"):
+        mxgemm.linear(torch.randn(1, K, dtype=torch.float16), q)
+    x = torch.randn(1, K, dtype=torch.bfloat16)
+    _check(x, q, None, mxgemm.linear(x, q))
+
+
+@pytest.mark.gpu
+def test_device_mismatch():
+    q = _weights("mxfp4", N, K)
+    with pytest.raises(ValueError, match="cuda.*cpu"):
+        mxgemm.linear(torch.randn(1, K, dtype=torch.float16, device="cuda"), q)
+
+
+# ---- torch integration ----------------------------------------------------------------------------
+
+
+def test_custom_op_opcheck():
+    q = _weights("mxfp4", N, K)
+    x = torch.randn(3, K, dtype=torch.bfloat16)
+    b = torch.randn(N, dtype=torch.bfloat16)
+    torch.library.opcheck(ops._linear, (x, q.blocks, q.scales, b, q.fmt, q.block_size, N, K))
+
+
+def test_compiles_without_graph_breaks():
+    q = _weights("bfp8", N, K)
+
+    def f(x):
+        return torch.relu(mxgemm.linear(x, q)) * 2
+
+    x = torch.randn(5, K, dtype=torch.bfloat16)
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(x), f(x))
