@@ -6,7 +6,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import mxgemm
 from mxgemm.codegen.build import m_bucket_for
-from tests.linear_cases import BLOCK_CASES, DTYPES, FORMATS, K, MS, N
+from tests.linear_cases import BLOCK_CASES, DTYPES, FORMATS, MS, K, N
 
 
 def cases(arch):

@@ -5,7 +5,7 @@ import torch
 
 import mxgemm
 from mxgemm import ops
-from tests.linear_cases import BLOCK_CASES, DTYPES, FORMATS, K, MS, N
+from tests.linear_cases import BLOCK_CASES, DTYPES, FORMATS, MS, K, N
 
 
 def _weights(fmt, n, k, block_size=None, seed=0):

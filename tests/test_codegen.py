@@ -1,0 +1,190 @@
+"""prim_func structure, target validation, CUDA compilation without a GPU (nvcc), and the kernel cache."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import mxgemm
+from mxgemm.codegen import cache, nvcc
+from mxgemm.codegen import target as targets
+
+
+def _script(func):
+    """TVMScript with ``T.int64(64)`` printed as ``64``."""
+    return re.sub(r"T\.int64\((\d+)\)", r"\1", func.script())
+
+
+def _has_blocks(func, *names):
+    import tvm
+
+    sch = tvm.s_tir.Schedule(func)
+    for name in names:
+        sch.get_sblock(name)  # raises if absent
+    return True
+
+
+@pytest.mark.parametrize("fmt", mxgemm.formats.names())
+def test_prim_func_blocks_and_one_expression_decode(fmt):
+    f = mxgemm.prim_func(fmt, n=64, k=64, bias=True)
+    assert _has_blocks(f, "decode", "matmul", "epilogue")
+    script = _script(f)
+    assert "T.let" not in script and "LetStmt" not in script
+    assert [p.name for p in f.params] == ["A", "B", "S", "Bias", "epilogue"]
+    assert 'A: T.Buffer((m, 64), "float16")' in script  # dynamic M by default
+    assert f'B: T.Buffer((64, {64 * mxgemm.formats.get(fmt).bits // 8}), "uint8")' in script
+
+
+def test_prim_func_static_m_and_dtypes():
+    f = mxgemm.prim_func("mxfp4", n=32, k=64, m=7, a_dtype="bfloat16", out_dtype="float16", block_size=16)
+    script = _script(f)
+    assert 'A: T.Buffer((7, 64), "bfloat16")' in script
+    assert 'S: T.Buffer((32, 4), "uint8")' in script
+    assert 'epilogue: T.Buffer((7, 32), "float16")' in script
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(k=100), "k=100 is not a multiple of block_size=32"),
+        (dict(block_size=12), "block_size must be a power of two"),
+        (dict(a_dtype="float32"), "a_dtype must be one of"),
+        (dict(n=0), "n must be a positive int"),
+        (dict(m=0), "m must be a positive int or None"),
+    ],
+)
+def test_prim_func_bad_input(kwargs, match):
+    args = dict(n=32, k=64) | kwargs
+    with pytest.raises(ValueError, match=match):
+        mxgemm.prim_func("mxfp4", **args)
+
+
+def test_targets():
+    assert targets.resolve("llvm")["kind"] == "llvm"
+    t = targets.resolve("sm_90")
+    assert t["arch"] == "sm_90" and t["max_shared_memory_per_block"] == 227 * 1024
+    assert targets.resolve({"kind": "cuda", "arch": "sm_80"})["max_shared_memory_per_block"] == 163 * 1024
+    with pytest.raises(ValueError, match="sm_80 or newer"):
+        targets.resolve("sm_75")
+    with pytest.raises(ValueError, match="'a' tag disables tensor cores"):
+        targets.resolve("sm_90a")
+    with pytest.raises(ValueError, match="target must be"):
+        targets.resolve("rocm")
+    with pytest.raises(ValueError, match="needs an 'arch'"):
+        targets.resolve({"kind": "cuda"})
+
+
+def test_build_bad_input():
+    with pytest.raises(ValueError, match="m_bucket must be one of"):
+        mxgemm.build("mxfp4", n=32, k=64, m_bucket=3)
+    with pytest.raises(ValueError, match="unknown format 'mxfp3'"):
+        mxgemm.build("mxfp3", n=32, k=64)
+    with pytest.raises(ValueError, match="k=48 is not a multiple"):
+        mxgemm.build("mxfp4", n=32, k=48)
+
+
+def test_cuda_build_without_nvcc_is_a_clear_error(monkeypatch):
+    from mxgemm import system
+
+    system.nvcc_version.cache_clear()
+    monkeypatch.setenv("PATH", "/nonexistent")
+    try:
+        with pytest.raises(RuntimeError, match="CUDA kernels need nvcc"):
+            mxgemm.build("mxfp4", n=32, k=64, target="sm_90")
+    finally:
+        monkeypatch.undo()
+        system.nvcc_version.cache_clear()
+
+
+def test_cpu_kernel_exposes_llvm_source():
+    k = mxgemm.build("mxfp4", n=32, k=64, a_dtype="bfloat16")
+    assert k.rule == "cpu" and "define" in k.source and k.path.exists()
+
+
+# ---- CUDA without a GPU ---------------------------------------------------------------------------
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("fmt", mxgemm.formats.names())
+def test_cuda_compiles_every_format(fmt):
+    """M=1 and M=256 schedules are produced and nvcc compiles them into a fatbin (no CUDA source left)."""
+    for m_bucket, dtype in ((1, "float16"), (256, "bfloat16")):
+        k = mxgemm.build(fmt, n=256, k=512, m_bucket=m_bucket, a_dtype=dtype, target="sm_90")
+        data = k.path.read_bytes()
+        assert nvcc.FATBIN_MAGIC in data and b"__global__" not in data
+        assert "__global__" in k.source
+        assert k.rule.startswith("dlight.")
+
+
+@pytest.mark.nvcc
+def test_cuda_rules_by_bucket():
+    gemv = mxgemm.build("mxfp4", n=256, k=512, m_bucket=1, a_dtype="float16", target="sm_90")
+    assert gemv.rule == "dlight.GEMV"
+    big = mxgemm.build("mxfp4", n=256, k=512, m_bucket=256, a_dtype="float16", target="sm_90")
+    assert big.rule == "dlight.Matmul" and "wmma" in big.source  # tensor cores for fp16
+    sm80 = mxgemm.build("mxfp4", n=256, k=512, m_bucket=1, a_dtype="float16", target="sm_80")
+    assert nvcc.FATBIN_MAGIC in sm80.path.read_bytes()
+
+
+# ---- kernel cache ---------------------------------------------------------------------------------
+
+_BUILD_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, torch, mxgemm
+    k = mxgemm.build("bfp5", n=24, k=64, a_dtype="bfloat16")
+    q = mxgemm.quantize(torch.linspace(-3, 3, 24 * 64).reshape(24, 64), "bfp5")
+    y = mxgemm.linear(torch.ones(2, 64, dtype=torch.bfloat16), q)
+    print(json.dumps({"path": str(k.path), "y": y.float().sum().item()}))
+    """
+)
+
+
+def test_cache_survives_concurrent_builds(tmp_path):
+    env = dict(os.environ, MXGEMM_CACHE_DIR=str(tmp_path))
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _BUILD_SCRIPT], env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    outs = [json.loads(p.communicate(timeout=300)[0].strip().splitlines()[-1]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert len({o["path"] for o in outs}) == 1 and len({o["y"] for o in outs}) == 1
+    kernels = tmp_path / "kernels"
+    assert len(list(kernels.glob("*.so"))) == 1 and len(list(kernels.glob("*.json"))) == 1
+    assert not list(kernels.glob(".*"))  # no temp files left behind
+
+
+def test_corrupt_cache_entry_is_rebuilt_not_loaded(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("MXGEMM_CACHE_DIR", str(tmp_path))
+    spec = {"what": "test", "n": 1}
+    calls = []
+
+    def build(path):
+        calls.append(path)
+        path.write_bytes(b"library-bytes")
+        return {"rule": "x"}
+
+    lib, info = cache.get_or_build(spec, build)
+    assert lib.read_bytes() == b"library-bytes" and len(calls) == 1
+    assert cache.get_or_build(spec, build)[0] == lib and len(calls) == 1  # hit
+    lib.write_bytes(b"library-byteZ")  # same size, flipped content
+    with caplog.at_level("WARNING"):
+        lib2, _ = cache.get_or_build(spec, build)
+    assert len(calls) == 2 and lib2.read_bytes() == b"library-bytes" and "checksum" in caplog.text
+    lib.with_suffix(".json").write_text("{not json")
+    cache.get_or_build(spec, build)
+    assert len(calls) == 3
+
+
+def test_cache_key_covers_versions_and_target():
+    from mxgemm.codegen.build import KernelSpec
+
+    a = KernelSpec("mxfp4", 32, 64, None, "float16", "float16", False, 32, targets.resolve("llvm"))
+    key = a.key()
+    assert key["versions"]["mxgemm"] == mxgemm.__version__ and "tvm" in key["versions"]
+    b = KernelSpec("mxfp4", 32, 64, 1, "float16", "float16", False, 32, targets.resolve("sm_90"))
+    assert b.key()["versions"]["nvcc"] is not None or not __import__("shutil").which("nvcc")
+    assert cache.key_of(key) != cache.key_of(b.key())
