@@ -93,6 +93,10 @@ class Kernel:
             if self._func is None:
                 import tvm
 
+                if targets.is_cuda(self.spec.target):
+                    from mxgemm.codegen import nvcc
+
+                    nvcc.load_cuda_runtime()
                 self._func = tvm.runtime.load_module(str(self.path))["main"]
         return self._func
 

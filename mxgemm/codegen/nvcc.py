@@ -69,8 +69,9 @@ def _load_stub_driver() -> None:
 
 
 @functools.cache
-def enable() -> None:
-    """Make ``tvm.compile`` emit CUDA modules holding nvcc fatbins (idempotent)."""
+def load_cuda_runtime() -> None:
+    """Load TVM's CUDA runtime (module loader + codegen factory), which ``import tvm`` may not do;
+    on a machine without a driver, behind the stub driver (idempotent)."""
     import tvm
     import tvm_ffi
 
@@ -84,6 +85,15 @@ def enable() -> None:
             raise RuntimeError(
                 f"cannot load TVM's CUDA runtime {lib}: {e} (is the CUDA 13 runtime installed?)"
             ) from e
+
+
+@functools.cache
+def enable() -> None:
+    """Make ``tvm.compile`` emit CUDA modules holding nvcc fatbins (idempotent)."""
+    import tvm
+    import tvm_ffi
+
+    load_cuda_runtime()
 
     @tvm_ffi.register_global_func("tvm_callback_cuda_compile", override=True)
     def _compile(code: str, *_: Any) -> bytes:
