@@ -1,0 +1,81 @@
+"""`MxConfig`: how a model is quantized; serialized as ``quantization_config`` in config.json."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from mxgemm import formats, scales
+from mxgemm.reference import ROUNDINGS
+
+QUANT_METHOD = "mxgemm"
+LAYOUT_VERSION = 1  # the portable layout of mxgemm.packing; bump when it changes
+A_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class MxConfig:
+    """Validated quantization settings.
+
+    Attributes:
+        fmt: format name (``mxgemm.formats.names()``).
+        block_size: elements per scale; None → the format's default (32).
+        scale_mode: ``"floor"`` or ``"rceil"``. rounding: see :func:`mxgemm.quantize`.
+        a_dtype: activation dtype the kernels run in, ``"float16"`` or ``"bfloat16"``.
+        modules_to_not_convert: module names (or name suffixes) left in full precision.
+    """
+
+    fmt: str = "mxfp4"
+    block_size: int | None = None
+    scale_mode: str = "floor"
+    rounding: str = "even"
+    a_dtype: str = "bfloat16"
+    modules_to_not_convert: list[str] = field(default_factory=lambda: ["lm_head"])
+
+    def __post_init__(self) -> None:
+        f = formats.get(self.fmt)
+        self.block_size = formats.check_block_size(self.block_size, f)
+        scales.check_scale_mode(self.scale_mode)
+        if self.rounding not in ROUNDINGS:
+            raise ValueError(f"rounding must be one of {ROUNDINGS}, got {self.rounding!r}")
+        if self.rounding == "stochastic":
+            raise ValueError("rounding='stochastic' is for training-time experiments, not model packing")
+        self.a_dtype = str(self.a_dtype).removeprefix("torch.")
+        if self.a_dtype not in A_DTYPES:
+            raise ValueError(f"a_dtype must be one of {tuple(A_DTYPES)}, got {self.a_dtype!r}")
+        if isinstance(self.modules_to_not_convert, str) or not all(
+            isinstance(m, str) for m in self.modules_to_not_convert
+        ):
+            raise ValueError(
+                f"modules_to_not_convert must be a list of names, got {self.modules_to_not_convert!r}"
+            )
+        self.modules_to_not_convert = list(self.modules_to_not_convert)
+
+    @property
+    def torch_a_dtype(self) -> torch.dtype:
+        return A_DTYPES[self.a_dtype]
+
+    def skips(self, module_name: str) -> bool:
+        """Whether ``module_name`` is listed (exactly, or as a dotted suffix) in modules_to_not_convert."""
+        return any(module_name == m or module_name.endswith("." + m) for m in self.modules_to_not_convert)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``quantization_config`` entry of config.json."""
+        return {"quant_method": QUANT_METHOD, "layout_version": LAYOUT_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MxConfig:
+        """Inverse of :meth:`to_dict`; rejects other quant methods and unknown layout versions."""
+        if d.get("quant_method") != QUANT_METHOD:
+            raise ValueError(
+                f"quantization_config.quant_method is {d.get('quant_method')!r}, expected 'mxgemm'"
+            )
+        if d.get("layout_version") != LAYOUT_VERSION:
+            raise ValueError(
+                f"quantization_config.layout_version is {d.get('layout_version')!r}; this mxgemm reads "
+                f"{LAYOUT_VERSION}: repack the model with this version"
+            )
+        known = {"fmt", "block_size", "scale_mode", "rounding", "a_dtype", "modules_to_not_convert"}
+        return cls(**{k: v for k, v in d.items() if k in known})
