@@ -1,0 +1,176 @@
+"""Quantized checkpoints: safetensors in the portable layout + ``quantization_config`` in config.json.
+
+A quantized Linear ``<m>`` is stored as ``<m>.weight_blocks`` / ``<m>.weight_scales`` (uint8, see
+:mod:`mxgemm.packing`); every other tensor as is. Loading reads tensors only through safetensors (no
+pickle), swaps the Linears that the checkpoint holds quantized for :class:`MxLinear`, and checks
+every tensor's presence, shape and dtype, naming the tensor and file on any mismatch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from mxgemm.config import MxConfig
+from mxgemm.module import MxLinear, _set_submodule
+
+BLOCKS, SCALES = ".weight_blocks", ".weight_scales"
+
+
+class CheckpointError(ValueError):
+    """A quantized checkpoint that cannot be loaded: the message names the tensor or file."""
+
+
+def read_config(path: str | Path) -> tuple[dict, MxConfig]:
+    """(config.json as a dict, its MxConfig) of a quantized model directory."""
+    cfg_path = Path(path) / "config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read {cfg_path}: {e}") from e
+    if "quantization_config" not in cfg:
+        raise CheckpointError(f"{cfg_path} has no quantization_config: not an mxgemm-packed model")
+    try:
+        return cfg, MxConfig.from_dict(cfg["quantization_config"])
+    except ValueError as e:
+        raise CheckpointError(f"{cfg_path}: {e}") from e
+
+
+def save_quantized(model: nn.Module, path: str | Path, config: MxConfig) -> None:
+    """Write ``model`` (after :func:`mxgemm.quantize_`) as ``path/model.safetensors`` + config.json.
+
+    config.json is the model's own (``model.config.to_dict()`` for Hugging Face models, if any) with
+    ``quantization_config`` added; it is written last, so its presence marks a complete checkpoint.
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(
+        _unshare(tensors), str(path / "model.safetensors"), metadata={"format": "pt", "mxgemm_layout": "1"}
+    )
+    cfg = model.config.to_dict() if hasattr(getattr(model, "config", None), "to_dict") else {}
+    cfg["quantization_config"] = config.to_dict()
+    tmp = path / ".config.json.tmp"
+    tmp.write_text(json.dumps(cfg, indent=2, default=str))
+    os.replace(tmp, path / "config.json")
+
+
+def _unshare(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses tensors sharing storage (tied weights): give each its own copy."""
+    seen: set[int] = set()
+    out = {}
+    for k, v in tensors.items():
+        ptr = v.untyped_storage().data_ptr()
+        out[k] = v.clone() if ptr in seen and v.numel() else v
+        seen.add(ptr)
+    return out
+
+
+def _tensor_files(path: Path) -> dict[str, Path]:
+    """tensor name → the safetensors file holding it (index.json if present, else every *.safetensors)."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError) as e:
+            raise CheckpointError(f"cannot read {index}: {e}") from e
+        return {name: path / fname for name, fname in weight_map.items()}
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"no *.safetensors file in {path}")
+    out = {}
+    for f in files:
+        for name in _open(f).keys():  # noqa: SIM118
+            out[name] = f
+    return out
+
+
+def _open(file: Path):
+    if not file.exists():
+        raise CheckpointError(f"missing checkpoint file {file}")
+    try:
+        return safe_open(str(file), framework="pt")
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"corrupt or unreadable safetensors file {file}: {e}") from e
+
+
+def load_quantized(model: nn.Module, path: str | Path, device: torch.device | str | None = None) -> nn.Module:
+    """Load an mxgemm checkpoint into ``model`` (an unquantized instance of the same architecture).
+
+    Every ``nn.Linear`` whose weight the checkpoint holds as ``_blocks``/``_scales`` becomes an
+    :class:`MxLinear`; all tensors are then loaded and checked. Returns ``model`` on ``device``.
+    """
+    path = Path(path)
+    _, config = read_config(path)
+    files = _tensor_files(path)
+    for name, mod in list(model.named_modules()):
+        if type(mod) is nn.Linear and name + BLOCKS in files:
+            _set_submodule(
+                model,
+                name,
+                MxLinear(
+                    mod.in_features,
+                    mod.out_features,
+                    mod.bias is not None,
+                    fmt=config.fmt,
+                    block_size=config.block_size,
+                    a_dtype=config.a_dtype,
+                    scale_mode=config.scale_mode,
+                    rounding=config.rounding,
+                ),
+            )
+    if device is not None:
+        model.to(device)
+    state = model.state_dict()
+    missing = [k for k in state if k not in files]
+    if missing:
+        raise CheckpointError(
+            f"{path}: checkpoint lacks tensor(s) {', '.join(missing[:10])}"
+            + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+        )
+    extra = [k for k in files if k not in state]
+    if extra:
+        warnings.warn(
+            f"{path}: ignored tensors the model does not have: {', '.join(extra[:10])}", stacklevel=2
+        )
+    handles = {}
+    with torch.no_grad():
+        for name, target in state.items():
+            file = files[name]
+            if file not in handles:
+                handles[file] = _open(file)
+            try:
+                t = handles[file].get_tensor(name)
+            except (SafetensorError, OSError, RuntimeError) as e:
+                raise CheckpointError(f"cannot read tensor {name!r} from {file}: {e}") from e
+            if tuple(t.shape) != tuple(target.shape):
+                raise CheckpointError(
+                    f"tensor {name!r} in {file} has shape {list(t.shape)}, "
+                    f"the model expects {list(target.shape)}"
+                )
+            if (target.dtype == torch.uint8) != (t.dtype == torch.uint8):
+                raise CheckpointError(
+                    f"tensor {name!r} in {file} is {t.dtype}, the model expects {target.dtype}"
+                )
+            target.copy_(t)
+    return model
+
+
+def from_pretrained(
+    path: str | Path, device: torch.device | str = "cpu", auto_class: str = "AutoModel"
+) -> nn.Module:
+    """A Hugging Face model from an mxgemm-packed directory (needs ``transformers``)."""
+    import transformers
+
+    path = Path(path)
+    read_config(path)
+    hf_config = transformers.AutoConfig.from_pretrained(str(path))
+    model = getattr(transformers, auto_class).from_config(hf_config)
+    return load_quantized(model, path, device).eval()
