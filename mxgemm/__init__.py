@@ -3,7 +3,10 @@
 __version__ = "0.1.0"
 
 from mxgemm import formats  # noqa: E402
+from mxgemm.checkpoint import from_pretrained, load_quantized, save_quantized  # noqa: E402
 from mxgemm.codegen.build import Kernel, build  # noqa: E402
+from mxgemm.config import MxConfig  # noqa: E402
+from mxgemm.module import MxLinear, quantize_  # noqa: E402
 from mxgemm.ops import linear  # noqa: E402
 from mxgemm.reference import dequantize, quantize  # noqa: E402
 from mxgemm.weight import MxWeight  # noqa: E402
@@ -16,4 +19,19 @@ def prim_func(*args, **kwargs):
     return _prim_func(*args, **kwargs)
 
 
-__all__ = ["Kernel", "MxWeight", "build", "dequantize", "formats", "linear", "prim_func", "quantize"]
+__all__ = [
+    "Kernel",
+    "MxConfig",
+    "MxLinear",
+    "MxWeight",
+    "build",
+    "dequantize",
+    "formats",
+    "from_pretrained",
+    "linear",
+    "load_quantized",
+    "prim_func",
+    "quantize",
+    "quantize_",
+    "save_quantized",
+]
