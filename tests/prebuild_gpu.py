@@ -21,6 +21,32 @@ def cases(arch):
             yield dict(fmt=fmt, n=n, k=k, m_bucket=b, a_dtype="bfloat16", block_size=block, target=arch)
 
 
+def module_cases(arch):
+    """The MxLinear layers of tests.test_module's GPU test, at its M bucket."""
+    import warnings
+
+    from mxgemm.config import MxConfig
+    from mxgemm.module import MxLinear, quantize_
+    from tests.test_module import GPU_M, Net
+
+    net = Net()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantize_(net, MxConfig("mxfp4"))
+    for mod in net.modules():
+        if isinstance(mod, MxLinear):
+            yield dict(
+                fmt=mod.fmt,
+                n=mod.out_features,
+                k=mod.in_features,
+                m_bucket=m_bucket_for(GPU_M, "cuda"),
+                a_dtype=str(mod.a_dtype).removeprefix("torch."),
+                bias=mod.bias is not None,
+                block_size=mod.block_size,
+                target=arch,
+            )
+
+
 def _build(kw):
     return repr(mxgemm.build(**kw))
 
@@ -28,5 +54,5 @@ def _build(kw):
 if __name__ == "__main__":
     arch = sys.argv[1] if len(sys.argv) > 1 else "sm_90"
     with ProcessPoolExecutor(int(sys.argv[2]) if len(sys.argv) > 2 else 2) as pool:
-        for i, r in enumerate(pool.map(_build, cases(arch))):
+        for i, r in enumerate(pool.map(_build, [*cases(arch), *module_cases(arch)])):
             print(i, r, flush=True)

@@ -156,3 +156,43 @@ def test_compile_fullgraph_no_graph_break():
     compiled = torch.compile(net, fullgraph=True)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), net(x))
+
+
+# ---- GPU ------------------------------------------------------------------------------------------
+
+GPU_M = 3  # rows of the GPU module tests (kernels for its bucket are prebuilt by tests.prebuild_gpu)
+
+
+def gpu_net():
+    net = Net()
+    with pytest.warns(UserWarning):
+        quantize_(net, MxConfig("mxfp4"))
+    return net
+
+
+@pytest.mark.gpu
+def test_gpu_module_matches_cpu_compiles_and_graph_captures():
+    net = gpu_net()
+    x = torch.randn(GPU_M, 64)
+    with torch.no_grad():
+        y_cpu = net(x)
+        net = net.cuda()
+        xc = x.cuda()
+        y = net(xc)
+        torch.testing.assert_close(y.cpu(), y_cpu, rtol=2e-2, atol=2e-2)  # bf16 activations, fp32 sums
+        compiled = torch.compile(net, fullgraph=True)
+        torch.testing.assert_close(compiled(xc), y)
+        static_x = xc.clone()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            net(static_x)  # warm up off the capture
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            static_y = net(static_x)
+        x2 = torch.randn(GPU_M, 64, device="cuda")
+        static_x.copy_(x2)
+        g.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(static_y, net(x2))
