@@ -135,7 +135,8 @@ def load_quantized(model: nn.Module, path: str | Path, device: torch.device | st
             f"{path}: checkpoint lacks tensor(s) {', '.join(missing[:10])}"
             + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
         )
-    extra = [k for k in files if k not in state]
+    buffers = {name for name, _ in model.named_buffers()}  # non-persistent ones are not in state_dict
+    extra = [k for k in files if k not in state and k not in buffers]
     if extra:
         warnings.warn(
             f"{path}: ignored tensors the model does not have: {', '.join(extra[:10])}", stacklevel=2

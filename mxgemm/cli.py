@@ -1,4 +1,4 @@
-"""The `mxgemm` command line: `info` (more subcommands arrive with their features)."""
+"""The `mxgemm` command line: `info`, `demo`, `pack` (more subcommands arrive with their features)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ import torch
 
 import mxgemm
 from mxgemm import system
+from mxgemm.config import A_DTYPES, MxConfig
+from mxgemm.reference import ROUNDINGS
+from mxgemm.scales import SCALE_MODES
 
 
 def _info(_: argparse.Namespace) -> int:
@@ -38,6 +41,31 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pack(args: argparse.Namespace) -> int:
+    from mxgemm.pack import PackError, pack
+
+    try:
+        config = MxConfig(
+            fmt=args.format,
+            block_size=args.block_size,
+            scale_mode=args.scale_mode,
+            rounding=args.rounding,
+            a_dtype=args.a_dtype,
+            modules_to_not_convert=[*MxConfig().modules_to_not_convert, *args.skip],
+        )
+    except ValueError as e:
+        print(f"mxgemm pack: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        report = pack(args.model_dir, args.output, config)
+    except (PackError, OSError) as e:
+        print(f"mxgemm pack: error: {e}", file=sys.stderr)
+        return 2
+    print(report.table())
+    print(report.summary())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mxgemm", description=mxgemm.__doc__)
     p.add_argument("--version", action="version", version=f"mxgemm {mxgemm.__version__}")
@@ -45,9 +73,41 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("info", help="versions of mxgemm/TVM/torch/CUDA/nvcc and visible GPUs").set_defaults(
         func=_info
     )
-    d = sub.add_parser("demo", help="quantize a real checkpoint's weights in every format, report SQNR")
+    d = sub.add_parser(
+        "demo",
+        help="the main job: pack a real model (default all-MiniLM-L6-v2) per format, run it, compare to fp32",
+    )
     d.add_argument("--model", type=Path, default=None, help="HF model dir (default: bundled MiniLM)")
     d.set_defaults(func=_demo)
+    k = sub.add_parser("pack", help="quantize a Hugging Face model directory's linear weights (safetensors)")
+    k.add_argument(
+        "model_dir",
+        type=Path,
+        metavar="MODEL_DIR",
+        help="HF model dir: config.json + model.safetensors or shards + index",
+    )
+    k.add_argument("--format", required=True, choices=mxgemm.formats.names(), help="element format")
+    k.add_argument("--block-size", type=int, default=None, help="elements per scale (default: the format's)")
+    k.add_argument("--scale-mode", default="floor", choices=SCALE_MODES, help="shared exponent rule")
+    k.add_argument(
+        "--rounding",
+        default="even",
+        choices=[r for r in ROUNDINGS if r != "stochastic"],
+        help="element rounding",
+    )
+    k.add_argument("--a-dtype", default="bfloat16", choices=list(A_DTYPES), help="activation dtype")
+    k.add_argument(
+        "--skip",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="NAME",
+        help="module names (or dotted suffixes) to leave in full precision, besides lm_head",
+    )
+    k.add_argument(
+        "-o", "--output", type=Path, required=True, metavar="OUT_DIR", help="new or empty output directory"
+    )
+    k.set_defaults(func=_pack)
     return p
 
 

@@ -125,8 +125,8 @@ def run(
                     fmt,
                     cos.min().item(),
                     cos.mean().item(),
-                    report.out_bytes / 1e6,
-                    report.in_bytes / report.out_bytes,
+                    report.output_bytes / 1e6,
+                    report.source_bytes / report.output_bytes,
                     t1 - t0,
                     t3 - t2,
                 )
