@@ -1,5 +1,6 @@
 """Build the CUDA kernels of the GPU tests here (no GPU needed) into $MXGEMM_CACHE_DIR, so a GPU box with
-only the TVM runtime can run them: ``MXGEMM_CACHE_DIR=DIR python -m tests.prebuild_gpu sm_90``."""
+only the TVM runtime can run them: ``MXGEMM_CACHE_DIR=DIR python -m tests.prebuild_gpu sm_90 [JOBS [SETS]]``
+with SETS a comma list of linear, module, minilm (default: all)."""
 
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -47,12 +48,28 @@ def module_cases(arch):
             )
 
 
+def minilm_cases(arch):
+    """The MxLinear layers of the main job (tests.test_demo on CUDA): MiniLM's projections, at the
+    buckets of its pooler (36 rows) and of its token batches (hundreds of rows)."""
+    from mxgemm.demo import DEMO_FORMATS
+
+    for fmt in DEMO_FORMATS:
+        for n, k in ((384, 384), (1536, 384), (384, 1536)):
+            for bucket in (64, None):
+                yield dict(fmt=fmt, n=n, k=k, m_bucket=bucket, a_dtype="bfloat16", bias=True, target=arch)
+
+
+SETS = {"linear": cases, "module": module_cases, "minilm": minilm_cases}
+
+
 def _build(kw):
     return repr(mxgemm.build(**kw))
 
 
 if __name__ == "__main__":
     arch = sys.argv[1] if len(sys.argv) > 1 else "sm_90"
+    sets = sys.argv[3].split(",") if len(sys.argv) > 3 else list(SETS)
+    todo = [kw for name in sets for kw in SETS[name](arch)]
     with ProcessPoolExecutor(int(sys.argv[2]) if len(sys.argv) > 2 else 2) as pool:
-        for i, r in enumerate(pool.map(_build, [*cases(arch), *module_cases(arch)])):
+        for i, r in enumerate(pool.map(_build, todo)):
             print(i, r, flush=True)
