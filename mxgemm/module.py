@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from mxgemm import formats, packing
+from mxgemm import formats, ops, packing
 from mxgemm.config import MxConfig
-from mxgemm.reference import quantize
+from mxgemm.reference import dequantize, quantize
 from mxgemm.weight import MxWeight
 
 
@@ -97,6 +97,13 @@ class MxLinear(nn.Module):
                 f"MxLinear({self.fmt}, block {self.block_size}, {list(want)}) cannot hold an MxWeight "
                 f"({q.fmt}, block {q.block_size}, {list(q.shape)})"
             )
+        if self.a_dtype == torch.float16:
+            wmax = dequantize(q).abs().nan_to_num(0.0).max().item() if q.blocks.numel() else 0.0
+            if wmax > ops.FP16_MAX:
+                raise ValueError(
+                    f"{self.fmt} weight {list(want)} decodes to |W| up to {wmax:.3g}, beyond float16's "
+                    f"{ops.FP16_MAX}: use a_dtype=bfloat16"
+                )
         self.weight_blocks.copy_(q.blocks)
         self.weight_scales.copy_(q.scales)
 
@@ -173,18 +180,18 @@ def quantize_(
         elif mod.in_features % config.block_size:
             summary.not_divisible.append(name)
         else:
-            _set_submodule(
-                model,
-                name,
-                MxLinear.from_linear(
+            try:
+                new = MxLinear.from_linear(
                     mod,
                     config.fmt,
                     block_size=config.block_size,
                     a_dtype=config.a_dtype,
                     scale_mode=config.scale_mode,
                     rounding=config.rounding,
-                ),
-            )
+                )
+            except ValueError as e:
+                raise ValueError(f"quantize_: layer {name!r}: {e}") from None
+            _set_submodule(model, name, new)
             summary.converted.append(name)
     if summary.not_divisible:
         warnings.warn(

@@ -221,3 +221,13 @@ def test_dequantized_reference_is_close_on_cpu():
     x = torch.randn(GPU_M, 64)
     with torch.no_grad():
         torch.testing.assert_close(net(x), _dequantized_copy(net)(x), rtol=3e-2, atol=3e-2)
+
+
+def test_fp16_overflow_caught_at_quantize_time_naming_the_layer():
+    net = Net()
+    with torch.no_grad():
+        net.odd.weight.mul_(1e6)
+    with pytest.raises(ValueError, match=r"layer 'odd'.*beyond float16.*bfloat16"):
+        quantize_(net, MxConfig("mxfp8_e4m3", a_dtype="float16"))
+    with pytest.warns(UserWarning):
+        quantize_(Net(), MxConfig("mxfp8_e4m3", a_dtype="bfloat16"))  # bf16 has the range
