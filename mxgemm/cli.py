@@ -66,6 +66,29 @@ def _pack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(","))
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from mxgemm import bench
+
+    shapes = tuple(_ints(s) for s in args.shapes) if args.shapes else bench.SHAPES
+    fmts = tuple(args.formats.split(",")) if args.formats else bench.FORMATS
+    ms = _ints(args.m) if args.m else bench.MS
+    if args.build_only:
+        bench.build_only(bench.build_specs(shapes, ms, fmts, args.a_dtype, args.arch), jobs=args.jobs)
+        return 0
+    if not torch.cuda.is_available():
+        print(
+            "mxgemm bench: error: needs a CUDA GPU (use --build-only to build its kernels here)",
+            file=sys.stderr,
+        )
+        return 2
+    bench.run(shapes, ms, fmts, args.a_dtype, args.out, emulated=not args.no_emulated)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mxgemm", description=mxgemm.__doc__)
     p.add_argument("--version", action="version", version=f"mxgemm {mxgemm.__version__}")
@@ -108,6 +131,19 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", type=Path, required=True, metavar="OUT_DIR", help="new or empty output directory"
     )
     k.set_defaults(func=_pack)
+    b = sub.add_parser("bench", help="time mxgemm kernels vs cuBLAS and the emulated path on a GPU")
+    b.add_argument("--shapes", nargs="*", help="N,K pairs (default: the 5 Llama-style bench shapes)")
+    b.add_argument("--m", help="comma list of M (default 1,2,4,...,4096)")
+    b.add_argument(
+        "--formats", help="comma list of formats (default mxfp4,mxfp6_e2m3,mxfp8_e4m3,mxint8,bfp8)"
+    )
+    b.add_argument("--a-dtype", default="float16", choices=("float16", "bfloat16"))
+    b.add_argument("--out", default="benchmarks/results", help="results root (a folder per GPU below it)")
+    b.add_argument("--no-emulated", action="store_true", help="skip the dequantize + F.linear baseline")
+    b.add_argument("--build-only", action="store_true", help="only build the kernels (no GPU needed)")
+    b.add_argument("--arch", default="sm_90", help="arch for --build-only")
+    b.add_argument("--jobs", type=int, default=2, help="parallel builds for --build-only")
+    b.set_defaults(func=_bench)
     return p
 
 

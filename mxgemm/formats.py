@@ -104,7 +104,7 @@ class Format:
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """uint8 codes (any shape, low ``bits`` bits used) → float32 element values, exact."""
-        table = _decode_table(self).to(codes.device)
+        table = _decode_table_on(self, codes.device)
         return table[codes.to(torch.int64) & (2**self.bits - 1)]
 
     def encode(self, values: torch.Tensor) -> torch.Tensor:
@@ -153,6 +153,12 @@ def _decode_table(fmt: Format) -> torch.Tensor:
     elif fmt.specials == "fn":
         mag = torch.where(all_ones & (mant == 2**fmt.mbits - 1), math.nan, mag)
     return torch.where(sign == 1, -mag, mag).to(torch.float32)
+
+
+@functools.cache
+def _decode_table_on(fmt: Format, device: torch.device) -> torch.Tensor:
+    """:func:`_decode_table` on ``device``, kept (no host-to-device copy per call, CUDA-graph safe)."""
+    return _decode_table(fmt).to(device)
 
 
 def _float(name: str, bits: int, ebits: int, specials: str = "none", oracle: str | None = None):

@@ -1,0 +1,303 @@
+"""`mxgemm bench`: mxgemm kernels vs cuBLAS (torch F.linear) and the emulated path, on one GPU.
+
+Method (``shared/DESIGN.md`` §4): every candidate runs inside a CUDA graph of ``CALLS`` launches that
+rotate through enough weight copies to defeat L2; graph replays are timed with CUDA events and the
+median replay / CALLS is reported. The same run measures device-to-device copy bandwidth (bytes read +
+written per second) and cuBLAS fp16, so ratios compare like with like. Results go to
+``benchmarks/results/<gpu>/bench.{json,md,png}``.
+
+Kernels are built ahead of time (``--build-only``, any machine with nvcc) into ``$MXGEMM_CACHE_DIR`` so
+the GPU box needs only the TVM runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SHAPES = ((4096, 4096), (11008, 4096), (8192, 8192), (28672, 8192), (8192, 28672))
+MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
+FORMATS = ("mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "mxint8", "bfp8")
+L2_DEFEAT_BYTES = 256 << 20  # rotate weight copies until this many bytes are in flight
+CALLS = 20  # launches per graph
+REPLAYS = 7
+
+
+def build_specs(shapes, ms, fmts, a_dtype: str, arch: str) -> list[dict[str, Any]]:
+    """The `mxgemm.build` arguments of every kernel a run needs."""
+    from mxgemm.codegen.build import m_bucket_for
+
+    buckets = sorted({m_bucket_for(m, "cuda") for m in ms}, key=lambda b: (b is None, b or 0))
+    return [
+        dict(fmt=f, n=n, k=k, m_bucket=b, a_dtype=a_dtype, target=arch)
+        for f in fmts
+        for n, k in shapes
+        for b in buckets
+    ]
+
+
+def build_only(specs: list[dict[str, Any]], jobs: int = 2) -> None:
+    from concurrent.futures import ProcessPoolExecutor
+
+    import mxgemm
+
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(jobs) as pool:
+        for i, k in enumerate(pool.map(_build_repr, specs)):
+            print(f"[{i + 1}/{len(specs)}] {k}", flush=True)
+    where = mxgemm.codegen.cache.cache_dir()
+    print(f"built {len(specs)} kernels in {time.perf_counter() - t0:.0f} s into {where}")
+
+
+def _build_repr(kw: dict[str, Any]) -> str:
+    import mxgemm
+
+    t0 = time.perf_counter()
+    return f"{mxgemm.build(**kw)!r} {time.perf_counter() - t0:.1f}s"
+
+
+def _time_graph(calls: list) -> float:
+    """Median µs per call of ``calls`` (closures) captured in one CUDA graph."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for c in calls[:2]:
+            c()  # warm up (kernel load) outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(REPLAYS):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / len(calls))
+    del g
+    return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read + written per second (TB/s)."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    us = _time_graph([lambda: dst.copy_(src)] * 4)
+    return 2 * src.numel() / us / 1e6
+
+
+def _copies(nbytes: int) -> int:
+    return max(1, min(64, -(-L2_DEFEAT_BYTES // nbytes)))
+
+
+def run(
+    shapes=SHAPES,
+    ms=MS,
+    fmts=FORMATS,
+    a_dtype: str = "float16",
+    out_dir: str | Path = "benchmarks/results",
+    emulated: bool = True,
+) -> dict[str, Any]:
+    """Measure everything; write JSON + markdown (+ PNG if matplotlib is there); return the results."""
+    import mxgemm
+
+    dev = torch.device("cuda")
+    adt = getattr(torch, a_dtype)
+    copy_tbs = copy_bandwidth()
+    rows: list[dict[str, Any]] = []
+    for n, k in shapes:
+        g = torch.Generator(device="cpu").manual_seed(n + k)
+        w = (torch.randn(n, k, generator=g) * 0.02).to(dev)
+        dense = {dt: w.to(dt) for dt in (torch.float16, torch.bfloat16)}
+        qs = {f: mxgemm.quantize(w, f) for f in fmts}
+        for m in ms:
+            x = {dt: torch.randn(m, k, device=dev).to(dt) for dt in (torch.float16, torch.bfloat16)}
+
+            def add(method, fmt, us, wbytes, m=m, n=n, k=k):
+                rows.append(
+                    dict(
+                        weight_bytes=wbytes,
+                        n=n,
+                        k=k,
+                        m=m,
+                        method=method,
+                        fmt=fmt,
+                        us=us,
+                        tflops=2 * m * n * k / us / 1e6,
+                        weight_tbs=wbytes / us / 1e6,
+                        pct_copy=100 * wbytes / us / 1e6 / copy_tbs,
+                    )
+                )
+
+            for dt, name in ((torch.float16, "cublas_fp16"), (torch.bfloat16, "cublas_bf16")):
+                ws = [dense[dt]] + [dense[dt].clone() for _ in range(_copies(n * k * 2) - 1)]
+                calls = [(lambda wi=wi, xi=x[dt]: torch.nn.functional.linear(xi, wi)) for wi in ws]
+                add(name, "fp16" if dt == torch.float16 else "bf16", _time_graph(_cycle(calls)), n * k * 2)
+            for f, q in qs.items():
+                nbytes = q.nbytes
+                cps = [q] + [
+                    mxgemm.MxWeight(q.blocks.clone(), q.scales.clone(), q.fmt, q.block_size, q.shape)
+                    for _ in range(_copies(nbytes) - 1)
+                ]
+                calls = [
+                    (
+                        lambda qi=qi, xi=x[adt], n=n, k=k: torch.ops.mxgemm.linear(
+                            xi, qi.blocks, qi.scales, None, qi.fmt, qi.block_size, n, k
+                        )
+                    )
+                    for qi in cps
+                ]
+                add("mxgemm", f, _time_graph(_cycle(calls)), nbytes)
+                if emulated:
+                    calls = [
+                        (lambda qi=qi, xi=x[adt]: torch.nn.functional.linear(xi, mxgemm.dequantize(qi, adt)))
+                        for qi in cps
+                    ]
+                    add("emulated", f, _time_graph(_cycle(calls)), nbytes)
+            print(_progress_line(rows, n, k, m), flush=True)
+            del x
+        del dense, qs, w
+        torch.cuda.empty_cache()
+    base = {(r["n"], r["k"], r["m"]): r["us"] for r in rows if r["method"] == "cublas_fp16"}
+    for r in rows:
+        r["vs_cublas_fp16"] = base[(r["n"], r["k"], r["m"])] / r["us"]
+    result = {
+        "gpu": torch.cuda.get_device_name(),
+        "a_dtype": a_dtype,
+        "copy_tbs": copy_tbs,
+        "torch": torch.__version__,
+        "mxgemm": mxgemm.__version__,
+        "commit": _commit(),
+        "date": time.strftime("%Y-%m-%d"),
+        "rows": rows,
+    }
+    out = Path(out_dir) / re.sub(r"[^A-Za-z0-9]+", "_", result["gpu"]).strip("_")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(result, indent=1))
+    (out / "bench.md").write_text(markdown(result))
+    try:
+        plot(result, out / "bench.png")
+    except ImportError:
+        print("matplotlib missing: no plot (python -m mxgemm.bench --plot bench.json on another machine)")
+    print(markdown(result))
+    return result
+
+
+def _cycle(calls: list) -> list:
+    return [calls[i % len(calls)] for i in range(max(CALLS, len(calls)))]
+
+
+def _progress_line(rows, n, k, m) -> str:
+    cur = [r for r in rows if (r["n"], r["k"], r["m"]) == (n, k, m)]
+    return f"{n}x{k} M={m}: " + ", ".join(f"{r['method']}:{r['fmt']} {r['us']:.1f}us" for r in cur)
+
+
+def _commit() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=Path(__file__).parent,
+        )
+        return out.stdout.strip() or None
+    except OSError:
+        return None
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """One table per shape: µs and speedup vs cuBLAS fp16 per M, and M=1 weight-stream % of copy bandwidth."""
+    rows = result["rows"]
+    lines = [
+        f"# mxgemm bench — {result['gpu']}, {result['date']}, commit {result['commit']}",
+        "",
+        f"a_dtype {result['a_dtype']}; d2d copy {result['copy_tbs']:.2f} TB/s (read+write); "
+        "cells: µs (x speedup vs cuBLAS fp16); L2 defeated by rotating weight copies; CUDA-graph medians.",
+        "",
+    ]
+    methods = sorted({(r["method"], r["fmt"]) for r in rows}, key=lambda t: (t[0] != "cublas_fp16", t))
+    for n, k in sorted(
+        {(r["n"], r["k"]) for r in rows},
+        key=lambda s: rows.index(next(r for r in rows if (r["n"], r["k"]) == s)),
+    ):
+        ms = sorted({r["m"] for r in rows if (r["n"], r["k"]) == (n, k)})
+        lines += [
+            f"## N={n}, K={k}",
+            "",
+            "| method | " + " | ".join(f"M={m}" for m in ms) + " | M=1 % copy BW |",
+            "|---|" + "---|" * (len(ms) + 1),
+        ]
+        for meth, fmt in methods:
+            cells, pct = [], ""
+            for m in ms:
+                r = next(
+                    (
+                        r
+                        for r in rows
+                        if (r["n"], r["k"], r["m"], r["method"], r["fmt"]) == (n, k, m, meth, fmt)
+                    ),
+                    None,
+                )
+                cells.append("–" if r is None else f"{r['us']:.1f} ({r['vs_cublas_fp16']:.2f}x)")
+                if r is not None and m == 1:
+                    pct = f"{r['pct_copy']:.0f}%"
+            lines.append(f"| {meth} {fmt} | " + " | ".join(cells) + f" | {pct} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Speedup vs cuBLAS fp16 over M, one panel per shape, one line per mxgemm format, with the
+    memory roofline of each format (the bytes ratio) where the GEMM is memory-bound."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    shapes = list(dict.fromkeys((r["n"], r["k"]) for r in rows))
+    fig, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 3.8), squeeze=False)
+    for ax, (n, k) in zip(axes[0], shapes, strict=True):
+        for meth, fmt in sorted(
+            {(r["method"], r["fmt"]) for r in rows if r["method"] in ("mxgemm", "cublas_bf16")}
+        ):
+            pts = sorted(
+                (r["m"], r["vs_cublas_fp16"])
+                for r in rows
+                if (r["n"], r["k"], r["method"], r["fmt"]) == (n, k, meth, fmt)
+            )
+            line = ax.plot(*zip(*pts, strict=True), marker="o", ms=3, label=f"{meth} {fmt}")[0]
+            if meth == "mxgemm":
+                r0 = next(r for r in rows if (r["n"], r["k"], r["method"], r["fmt"]) == (n, k, meth, fmt))
+                ax.axhline(n * k * 2 / r0["weight_bytes"], color=line.get_color(), ls=":", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.axhline(1, color="k", lw=0.8)
+        ax.set_title(f"N={n} K={k}")
+        ax.set_xlabel("M")
+    axes[0][0].set_ylabel("speedup vs cuBLAS fp16 (dotted: bytes roofline)")
+    axes[0][-1].legend(fontsize=6)
+    fig.suptitle(f"mxgemm {result['a_dtype']} on {result['gpu']} ({result['date']}, {result['commit']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) == 3 and sys.argv[1] == "--plot":
+        p = Path(sys.argv[2])
+        plot(json.loads(p.read_text()), p.with_suffix(".png"))
