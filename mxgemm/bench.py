@@ -59,7 +59,10 @@ def _build_repr(kw: dict[str, Any]) -> str:
     import mxgemm
 
     t0 = time.perf_counter()
-    return f"{mxgemm.build(**kw)!r} {time.perf_counter() - t0:.1f}s"
+    try:
+        return f"{mxgemm.build(**kw)!r} {time.perf_counter() - t0:.1f}s"
+    except Exception as e:  # noqa: BLE001 (report and go on: one failing kernel must not stop the rest)
+        return f"FAILED {kw}: {str(e).strip().splitlines()[-1]}"
 
 
 def _time_graph(calls: list) -> float:

@@ -58,8 +58,22 @@ def _tvm_version() -> str:
     return tvm.__version__
 
 
+@functools.cache
+def _codegen_digest() -> str:
+    """Hash of the sources that shape a kernel (codegen + rules), so a schedule change is a new key."""
+    import hashlib
+
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for f in sorted(
+        [*root.glob("codegen/*.py"), *root.glob("codegen/*.c"), *root.glob("rules/*.py"), root / "formats.py"]
+    ):
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def versions(target: dict[str, Any]) -> dict[str, str | None]:
-    out = {"mxgemm": mxgemm.__version__, "tvm": _tvm_version()}
+    out = {"mxgemm": mxgemm.__version__, "codegen": _codegen_digest(), "tvm": _tvm_version()}
     if targets.is_cuda(target):
         out["nvcc"] = system.nvcc_version()
     return out

@@ -9,6 +9,7 @@ from typing import Any
 from tvm import tirx
 
 log = logging.getLogger(__name__)
+STATIC_SMEM = 48 * 1024
 
 
 def apply(func: tirx.PrimFunc, target: dict[str, Any], m_bucket: int | None) -> tuple[str, Any]:
@@ -16,9 +17,15 @@ def apply(func: tirx.PrimFunc, target: dict[str, Any], m_bucket: int | None) -> 
     import tvm
     import tvm.s_tir.dlight as dl
 
-    tgt = tvm.target.Target(target)
-    with tgt:
-        for rule in (dl.gpu.GEMV(), dl.gpu.LowBatchGEMV(), dl.gpu.Matmul(), dl.gpu.Fallback()):
+    full = tvm.target.Target(target)
+    # GEMV-style rules size *static* shared arrays from the target's limit, and CUDA caps static shared
+    # memory at 48 KB (more needs dynamic shared memory, which only the Matmul rule uses).
+    static = tvm.target.Target(
+        {**target, "max_shared_memory_per_block": min(target["max_shared_memory_per_block"], STATIC_SMEM)}
+    )
+    for rule in (dl.gpu.GEMV(), dl.gpu.LowBatchGEMV(), dl.gpu.Matmul(), dl.gpu.Fallback()):
+        tgt = full if isinstance(rule, dl.gpu.Matmul) else static
+        with tgt:
             try:
                 sch = rule.apply(func, tgt, False)
             except Exception as e:  # noqa: BLE001 (a rule whose analysis chokes does not apply)
