@@ -70,8 +70,8 @@ def _time_graph(calls: list) -> float:
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        for c in calls[:2]:
-            c()  # warm up (kernel load) outside the capture
+        for c in dict.fromkeys(calls):
+            c()  # warm up every distinct call (kernel load, per-weight checks) outside the capture
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):

@@ -48,7 +48,12 @@ def _linear(
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out.reshape(*x.shape[:-1], n)
-    if x.dtype == torch.float16 and (wmax := _max_weight(blocks, scales, fmt, block_size, n, k)) > FP16_MAX:
+    capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()  # no host sync inside a CUDA graph
+    if (
+        x.dtype == torch.float16
+        and not capturing
+        and (wmax := _max_weight(blocks, scales, fmt, block_size, n, k)) > FP16_MAX
+    ):
         raise ValueError(
             f"{fmt} weight [{n}, {k}] decodes to values beyond float16's range (max |W| = {wmax:.3g} > "
             f"{FP16_MAX}); use bfloat16 activations"
