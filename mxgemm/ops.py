@@ -7,6 +7,8 @@ for the device's arch on the current torch stream.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from mxgemm import formats
@@ -16,20 +18,22 @@ from mxgemm.weight import MxWeight
 
 ACT_DTYPES = (torch.float16, torch.bfloat16)
 FP16_MAX = 65504.0
-_fp16_checked: dict[tuple[int, int, int], float] = {}
+# scales tensor -> (its version, blocks version, max |W|): weak, so freed weights leave no stale entry
+_max_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _max_weight(
     blocks: torch.Tensor, scales: torch.Tensor, fmt: str, block_size: int, n: int, k: int
 ) -> float:
-    """Largest |W| (exact, via the reference decode), cached per scales tensor version."""
-    key = (scales.data_ptr(), scales._version, blocks.data_ptr())
-    if key not in _fp16_checked:
+    """Largest |W| (exact, via the reference decode), computed once per (scales, blocks) version."""
+    seen = _max_seen.get(scales)
+    if seen is None or seen[:2] != (scales._version, blocks._version):
         from mxgemm.reference import dequantize
 
         w = MxWeight(blocks, scales, fmt, block_size, (n, k))
-        _fp16_checked[key] = dequantize(w).abs().nan_to_num(0.0).max().item()
-    return _fp16_checked[key]
+        seen = (scales._version, blocks._version, dequantize(w).abs().nan_to_num(0.0).max().item())
+        _max_seen[scales] = seen
+    return seen[2]
 
 
 @torch.library.custom_op("mxgemm::linear", mutates_args=())
