@@ -6,6 +6,7 @@ from mxgemm import formats  # noqa: E402
 from mxgemm.checkpoint import from_pretrained, load_quantized, save_quantized  # noqa: E402
 from mxgemm.codegen.build import Kernel, build  # noqa: E402
 from mxgemm.config import MxConfig  # noqa: E402
+from mxgemm.layout import transform_weight  # noqa: E402
 from mxgemm.module import MxLinear, quantize_  # noqa: E402
 from mxgemm.ops import linear  # noqa: E402
 from mxgemm.reference import dequantize, quantize  # noqa: E402
@@ -34,4 +35,5 @@ __all__ = [
     "quantize",
     "quantize_",
     "save_quantized",
+    "transform_weight",
 ]

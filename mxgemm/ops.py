@@ -11,7 +11,7 @@ import weakref
 
 import torch
 
-from mxgemm import formats
+from mxgemm import formats, layout
 from mxgemm.codegen import build as builder
 from mxgemm.codegen import target as targets
 from mxgemm.weight import MxWeight
@@ -34,6 +34,20 @@ def _max_weight(
         seen = (scales._version, blocks._version, dequantize(w).abs().nan_to_num(0.0).max().item())
         _max_seen[scales] = seen
     return seen[2]
+
+
+# blocks tensor -> (its version, kernel-layout planes): transform_weight once per weight
+_planes_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _planes(blocks: torch.Tensor, bits: int) -> list[torch.Tensor]:
+    if len(layout.plane_widths(bits)) == 1:
+        return [blocks]
+    seen = _planes_seen.get(blocks)
+    if seen is None or seen[0] != blocks._version:
+        seen = (blocks._version, layout.to_planes(blocks, bits))
+        _planes_seen[blocks] = seen
+    return seen[1]
 
 
 @torch.library.custom_op("mxgemm::linear", mutates_args=())
@@ -76,7 +90,8 @@ def _linear(
         bias=bias is not None,
         block_size=block_size,
     )
-    args = [x2, blocks, scales] + ([bias.contiguous()] if bias is not None else []) + [out]
+    planes = _planes(blocks, formats.get(fmt).bits)
+    args = [x2, *planes, scales] + ([bias.contiguous()] if bias is not None else []) + [out]
     if x.device.type == "cuda":
         import tvm_ffi
 

@@ -12,6 +12,7 @@ import pytest
 import mxgemm
 from mxgemm.codegen import cache, nvcc
 from mxgemm.codegen import target as targets
+from mxgemm.layout import plane_widths
 
 
 def _script(func):
@@ -34,9 +35,12 @@ def test_prim_func_blocks_and_one_expression_decode(fmt):
     assert _has_blocks(f, "decode", "matmul", "epilogue")
     script = _script(f)
     assert "T.let" not in script and "LetStmt" not in script
-    assert [p.name for p in f.params] == ["A", "B", "S", "Bias", "epilogue"]
+    widths = plane_widths(mxgemm.formats.get(fmt).bits)
+    planes = ["B"] if len(widths) == 1 else [f"B{i}" for i in range(len(widths))]
+    assert [p.name for p in f.params] == ["A", *planes, "S", "Bias", "epilogue"]
     assert 'A: T.Buffer((m, 64), "float16")' in script  # dynamic M by default
-    assert f'B: T.Buffer((64, {64 * mxgemm.formats.get(fmt).bits // 8}), "uint8")' in script
+    for name, w in zip(planes, widths, strict=True):  # one aligned plane per power-of-two width
+        assert f'{name}: T.Buffer((64, {64 * w // 8}), "uint8")' in script
 
 
 def test_prim_func_static_m_and_dtypes():

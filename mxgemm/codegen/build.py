@@ -66,7 +66,13 @@ def _codegen_digest() -> str:
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     for f in sorted(
-        [*root.glob("codegen/*.py"), *root.glob("codegen/*.c"), *root.glob("rules/*.py"), root / "formats.py"]
+        [
+            *root.glob("codegen/*.py"),
+            *root.glob("codegen/*.c"),
+            *root.glob("rules/*.py"),
+            root / "formats.py",
+            root / "layout.py",
+        ]
     ):
         h.update(f.name.encode() + f.read_bytes())
     return h.hexdigest()[:16]

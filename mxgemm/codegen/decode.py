@@ -10,6 +10,7 @@ from tvm import te, tirx
 from tvm.ir import Expr as PrimExpr
 
 from mxgemm.formats import Format
+from mxgemm.layout import plane_widths
 
 U32 = "uint32"
 
@@ -18,23 +19,24 @@ def _u32(x: PrimExpr | int) -> PrimExpr:
     return tirx.const(x, U32) if isinstance(x, int) else tirx.Cast(U32, x)
 
 
-def extract_code(packed: te.Tensor, row: PrimExpr, k: PrimExpr, bits: int) -> PrimExpr:
-    """The ``bits``-wide code of element ``k`` of ``row`` from uint8 ``packed[row, K*bits/8]``.
+def _read(plane: te.Tensor, row: PrimExpr, k: PrimExpr, width: int) -> PrimExpr:
+    """The ``width``-bit code (width divides 8) of element ``k`` of a bitstream plane: one byte read."""
+    if width == 8:
+        return _u32(plane[row, k])
+    per = 8 // width
+    return (_u32(plane[row, k // per]) >> _u32((k % per) * width)) & _u32(2**width - 1)
 
-    The portable layout is a little-endian bitstream along K (:mod:`mxgemm.packing`). Widths that do
-    not divide 8 can straddle two bytes; the second byte is read only when the element straddles,
-    which never happens for the last element of a row.
-    """
-    if bits == 8:
-        return _u32(packed[row, k])
-    if 8 % bits == 0:
-        per = 8 // bits
-        shift = (k % per) * bits
-        return (_u32(packed[row, k // per]) >> _u32(shift)) & _u32(2**bits - 1)
-    bit = k * bits
-    byte, off = bit // 8, bit % 8
-    hi = tirx.if_then_else(off + bits > 8, _u32(packed[row, byte + 1]) << _u32(8), _u32(0))
-    return ((_u32(packed[row, byte]) | hi) >> _u32(off)) & _u32(2**bits - 1)
+
+def extract_code(planes: list[te.Tensor], row: PrimExpr, k: PrimExpr, bits: int) -> PrimExpr:
+    """The ``bits``-wide code of element ``k`` of ``row``, from its bit planes (:mod:`mxgemm.layout`):
+    one aligned sub-byte read per plane, low bits first."""
+    code, off = None, 0
+    for plane, width in zip(planes, plane_widths(bits), strict=True):
+        part = _read(plane, row, k, width)
+        part = part << _u32(off) if off else part
+        code = part if code is None else code | part
+        off += width
+    return code
 
 
 def element_expr(fmt: Format, code: PrimExpr, dtype: str = "float32") -> PrimExpr:
@@ -72,9 +74,15 @@ def scale_expr(scale_code: PrimExpr) -> PrimExpr:
 
 
 def weight_expr(
-    fmt: Format, packed: te.Tensor, scales: te.Tensor, row: PrimExpr, k: PrimExpr, block_size: int, dtype: str
+    fmt: Format,
+    planes: list[te.Tensor],
+    scales: te.Tensor,
+    row: PrimExpr,
+    k: PrimExpr,
+    block_size: int,
+    dtype: str,
 ) -> PrimExpr:
     """Decoded weight ``W[row, k]`` in ``dtype``: element × block scale, computed in float32."""
-    code = extract_code(packed, row, k, fmt.bits)
+    code = extract_code(planes, row, k, fmt.bits)
     value = element_expr(fmt, code) * scale_expr(scales[row, k // block_size])
     return value if dtype == "float32" else tirx.Cast(dtype, value)

@@ -7,6 +7,7 @@ from tvm import te, tirx
 from mxgemm import formats, packing
 from mxgemm.codegen.build import A_DTYPES, _check_shape
 from mxgemm.codegen.decode import weight_expr
+from mxgemm.layout import plane_widths
 
 
 def prim_func(
@@ -24,7 +25,8 @@ def prim_func(
 
     Arguments of the PrimFunc, in order:
         A: ``a_dtype [m, k]`` activations (``m`` a symbolic int64 var when ``m is None``).
-        B: ``uint8 [n, k * bits / 8]`` packed element codes, portable layout (:mod:`mxgemm.packing`).
+        B (or B0, B1, ... for 3/5/6/7-bit codes): ``uint8 [n, k * w / 8]``, the codes' bit planes of
+            width ``w`` (:func:`mxgemm.layout.to_planes`; one plane, the portable bytes, for 8/4/2 bits).
         S: ``uint8 [n, k / block_size]`` E8M0 scales.
         Bias: ``out_dtype [n]`` (only when ``bias``).
         Y: ``out_dtype [m, n]`` output (defaults to ``a_dtype``).
@@ -43,7 +45,12 @@ def prim_func(
 
     mm = te.var("m", "int64") if m is None else m
     a = te.placeholder((mm, k), a_dtype, name="A")
-    b = te.placeholder((n, packing.packed_len(k, f.bits)), "uint8", name="B")
+    widths = plane_widths(f.bits)
+    names = ["B"] if len(widths) == 1 else [f"B{i}" for i in range(len(widths))]
+    b = [
+        te.placeholder((n, packing.packed_len(k, w)), "uint8", name=nm)
+        for nm, w in zip(names, widths, strict=True)
+    ]
     s = te.placeholder((n, k // bs), "uint8", name="S")
     w = te.compute((n, k), lambda i, j: weight_expr(f, b, s, i, j, bs, a_dtype), name="decode")
     r = te.reduce_axis((0, k), name="k")
@@ -52,7 +59,7 @@ def prim_func(
         lambda i, j: te.sum(tirx.Cast("float32", a[i, r]) * tirx.Cast("float32", w[j, r]), axis=r),
         name="matmul",
     )
-    args = [a, b, s]
+    args = [a, *b, s]
     if bias:
         bias_t = te.placeholder((n,), out_dtype, name="Bias")
         y = te.compute(

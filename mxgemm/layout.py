@@ -1,0 +1,70 @@
+"""Kernel layout of packed weights (`transform_weight`): codes split into bit planes of 8, 4, 2 or 1 bits.
+
+The portable layout packs ``bits``-wide codes as one bitstream, so 3/5/6/7-bit codes straddle bytes
+and a kernel needs two reads and a funnel shift per element (which also defeats TVM's GEMV analysis).
+The kernel layout splits each code into planes whose widths divide 8, low bits first (6 = 4 + 2,
+5 = 4 + 1, 3 = 2 + 1, 7 = 4 + 2 + 1); each plane is a portable bitstream of its width, so every
+element is one aligned sub-byte read per plane. 8-, 4- and 2-bit codes are a single plane: the
+portable bytes themselves (no copy).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from mxgemm import packing
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mxgemm.codegen.build import Kernel
+    from mxgemm.weight import MxWeight
+
+PLANES = {8: (8,), 4: (4,), 2: (2,), 1: (1,), 6: (4, 2), 5: (4, 1), 3: (2, 1), 7: (4, 2, 1)}
+LAYOUT = "planes-v1"
+
+
+def plane_widths(bits: int) -> tuple[int, ...]:
+    """Widths of the planes of a ``bits``-wide code, low bits first."""
+    try:
+        return PLANES[bits]
+    except KeyError:
+        raise ValueError(f"no plane layout for {bits}-bit codes (1..8)") from None
+
+
+def to_planes(blocks: torch.Tensor, bits: int) -> list[torch.Tensor]:
+    """Portable uint8 ``[..., K*bits/8]`` → planes, uint8 ``[..., K*w/8]`` for each width ``w``."""
+    widths = plane_widths(bits)
+    if len(widths) == 1:
+        return [blocks]
+    codes = packing.unpack(blocks, bits)
+    planes, off = [], 0
+    for w in widths:
+        planes.append(packing.pack((codes >> off) & (2**w - 1), w))
+        off += w
+    return planes
+
+
+def from_planes(planes: list[torch.Tensor], bits: int) -> torch.Tensor:
+    """Inverse of :func:`to_planes`."""
+    widths = plane_widths(bits)
+    if len(widths) == 1:
+        return planes[0]
+    codes, off = None, 0
+    for p, w in zip(planes, widths, strict=True):
+        part = packing.unpack(p, w).to(torch.int32) << off
+        codes = part if codes is None else codes | part
+        off += w
+    return packing.pack(codes.to(torch.uint8), bits)
+
+
+def transform_weight(q: MxWeight, kernel: Kernel | None = None) -> list[torch.Tensor]:
+    """The tensors a kernel reads for ``q``, in its argument order: the code planes, then the scales.
+
+    Args:
+        q: 2-D `MxWeight` ``[n, k]`` in the portable layout.
+        kernel: the kernel the weight is for; every kernel today reads :data:`LAYOUT`.
+    Returns:
+        ``[plane_0, ..., scales]``: uint8 ``[n, k*w/8]`` per plane width ``w``, uint8 ``[n, k/block]``.
+    """
+    return [*to_planes(q.blocks, q.format.bits), q.scales]
