@@ -7,8 +7,6 @@ for the device's arch on the current torch stream.
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from mxgemm import formats, layout
@@ -18,36 +16,36 @@ from mxgemm.weight import MxWeight
 
 ACT_DTYPES = (torch.float16, torch.bfloat16)
 FP16_MAX = 65504.0
-# scales tensor -> (its version, blocks version, max |W|): weak, so freed weights leave no stale entry
-_max_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _memo(t: torch.Tensor, name: str, version: tuple[int, ...], compute):
+    """``compute()`` cached on tensor ``t`` itself (dies with it) and redone when ``version`` changes.
+    (A WeakKeyDictionary would compare tensors with ``==`` on a hash collision.)"""
+    seen = getattr(t, name, None)
+    if seen is None or seen[0] != version:
+        seen = (version, compute())
+        setattr(t, name, seen)
+    return seen[1]
 
 
 def _max_weight(
     blocks: torch.Tensor, scales: torch.Tensor, fmt: str, block_size: int, n: int, k: int
 ) -> float:
     """Largest |W| (exact, via the reference decode), computed once per (scales, blocks) version."""
-    seen = _max_seen.get(scales)
-    if seen is None or seen[:2] != (scales._version, blocks._version):
-        from mxgemm.reference import dequantize
+    from mxgemm.reference import dequantize
 
+    def compute() -> float:
         w = MxWeight(blocks, scales, fmt, block_size, (n, k))
-        seen = (scales._version, blocks._version, dequantize(w).abs().nan_to_num(0.0).max().item())
-        _max_seen[scales] = seen
-    return seen[2]
+        return dequantize(w).abs().nan_to_num(0.0).max().item()
 
-
-# blocks tensor -> (its version, kernel-layout planes): transform_weight once per weight
-_planes_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    return _memo(scales, "_mxgemm_max_abs", (scales._version, blocks._version), compute)
 
 
 def _planes(blocks: torch.Tensor, bits: int) -> list[torch.Tensor]:
+    """The kernel layout of ``blocks`` (transform_weight), derived once per weight version."""
     if len(layout.plane_widths(bits)) == 1:
         return [blocks]
-    seen = _planes_seen.get(blocks)
-    if seen is None or seen[0] != blocks._version:
-        seen = (blocks._version, layout.to_planes(blocks, bits))
-        _planes_seen[blocks] = seen
-    return seen[1]
+    return _memo(blocks, "_mxgemm_planes", (blocks._version,), lambda: layout.to_planes(blocks, bits))
 
 
 @torch.library.custom_op("mxgemm::linear", mutates_args=())
