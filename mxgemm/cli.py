@@ -1,4 +1,4 @@
-"""The `mxgemm` command line: `info`, `demo`, `pack` (more subcommands arrive with their features)."""
+"""The `mxgemm` command line: `info`, `demo` (the main job), `pack`, `bench`."""
 
 from __future__ import annotations
 
