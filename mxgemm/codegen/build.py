@@ -143,8 +143,6 @@ def _compile(spec: KernelSpec, out: Path) -> dict[str, Any]:
     from mxgemm.codegen.prim_func import prim_func
 
     m = 1 if spec.m_bucket == 1 else None
-    from mxgemm.rules import dlight
-
     func = prim_func(
         spec.fmt,
         n=spec.n,
@@ -154,7 +152,6 @@ def _compile(spec: KernelSpec, out: Path) -> dict[str, Any]:
         out_dtype=spec.out_dtype,
         bias=spec.bias,
         block_size=spec.block_size,
-        decode_name=dlight.decode_name(spec.target, spec.m_bucket),
     )
     rule, mod = rules.schedule(func, spec.target, spec.m_bucket)
     if targets.is_cuda(spec.target):

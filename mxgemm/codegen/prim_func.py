@@ -20,7 +20,6 @@ def prim_func(
     out_dtype: str | None = None,
     bias: bool = False,
     block_size: int | None = None,
-    decode_name: str = "decode",
 ) -> tirx.PrimFunc:
     """``Y[m, n] = cast(sum_k A[m, k] * W[n, k]) (+ Bias[n])`` with ``W`` decoded from MX/BFP codes.
 
@@ -31,8 +30,7 @@ def prim_func(
         S: ``uint8 [n, k / block_size]`` E8M0 scales.
         Bias: ``out_dtype [n]`` (only when ``bias``).
         Y: ``out_dtype [m, n]`` output (defaults to ``a_dtype``).
-    Blocks: ``decode`` (W in ``a_dtype``, one expression; ``decode_name`` renames it, as dlight's
-    LowBatchGEMV finds the decode by the substring "dequantize"), ``matmul`` (fp32 accumulation),
+    Blocks: ``decode`` (W in ``a_dtype``, one expression), ``matmul`` (fp32 accumulation),
     ``epilogue`` (cast, bias).
     """
     f = formats.get(fmt)
@@ -54,7 +52,7 @@ def prim_func(
         for nm, w in zip(names, widths, strict=True)
     ]
     s = te.placeholder((n, k // bs), "uint8", name="S")
-    w = te.compute((n, k), lambda i, j: weight_expr(f, b, s, i, j, bs, a_dtype), name=decode_name)
+    w = te.compute((n, k), lambda i, j: weight_expr(f, b, s, i, j, bs, a_dtype), name="decode")
     r = te.reduce_axis((0, k), name="k")
     acc = te.compute(
         (mm, n),

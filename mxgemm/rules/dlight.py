@@ -1,6 +1,5 @@
-"""GPU rule (interim): TVM's dlight rules — GEMV for M=1, LowBatchGEMV for M buckets 16 and 64,
-Matmul (tensor cores for fp16) otherwise, Fallback last. Our own BitBLAS-style rules replace them
-where they are slower."""
+"""GPU rule (interim): TVM's dlight rules — GEMV for M=1, Matmul (tensor cores for fp16) otherwise,
+Fallback last. Our own BitBLAS-style rules replace them where they are slower."""
 
 from __future__ import annotations
 
@@ -11,13 +10,6 @@ from tvm import tirx
 
 log = logging.getLogger(__name__)
 STATIC_SMEM = 48 * 1024
-LOW_BATCH_BUCKETS = (16, 64)  # dynamic-M LowBatchGEMV, padding M to the bucket
-
-
-def decode_name(target: dict[str, Any], m_bucket: int | None) -> str:
-    """Name for the decode block: dlight's LowBatchGEMV only recognises a decode block whose name
-    contains "dequantize"."""
-    return "dequantize" if target["kind"] == "cuda" and m_bucket in LOW_BATCH_BUCKETS else "decode"
 
 
 def apply(func: tirx.PrimFunc, target: dict[str, Any], m_bucket: int | None) -> tuple[str, Any]:
@@ -31,13 +23,7 @@ def apply(func: tirx.PrimFunc, target: dict[str, Any], m_bucket: int | None) -> 
     static = tvm.target.Target(
         {**target, "max_shared_memory_per_block": min(target["max_shared_memory_per_block"], STATIC_SMEM)}
     )
-    if m_bucket == 1:
-        chain = [dl.gpu.GEMV()]
-    elif m_bucket in LOW_BATCH_BUCKETS:
-        chain = [dl.gpu.LowBatchGEMV(m_bucket)]
-    else:
-        chain = []
-    for rule in (*chain, dl.gpu.Matmul(), dl.gpu.Fallback()):
+    for rule in (dl.gpu.GEMV(), dl.gpu.LowBatchGEMV(), dl.gpu.Matmul(), dl.gpu.Fallback()):
         tgt = full if isinstance(rule, dl.gpu.Matmul) else static
         with tgt:
             try:
