@@ -11,7 +11,7 @@ from torch import nn
 
 from mxgemm import formats, ops, packing
 from mxgemm.config import MxConfig
-from mxgemm.reference import dequantize, quantize
+from mxgemm.reference import quantize
 from mxgemm.weight import MxWeight
 
 
@@ -98,12 +98,7 @@ class MxLinear(nn.Module):
                 f"({q.fmt}, block {q.block_size}, {list(q.shape)})"
             )
         if self.a_dtype == torch.float16:
-            wmax = dequantize(q).abs().nan_to_num(0.0).max().item() if q.blocks.numel() else 0.0
-            if wmax > ops.FP16_MAX:
-                raise ValueError(
-                    f"{self.fmt} weight {list(want)} decodes to |W| up to {wmax:.3g}, beyond float16's "
-                    f"{ops.FP16_MAX}: use a_dtype=bfloat16"
-                )
+            ops.check_fp16_range(q)
         self.weight_blocks.copy_(q.blocks)
         self.weight_scales.copy_(q.scales)
 

@@ -28,17 +28,22 @@ def _memo(t: torch.Tensor, name: str, version: tuple[int, ...], compute):
     return seen[1]
 
 
-def _max_weight(
-    blocks: torch.Tensor, scales: torch.Tensor, fmt: str, block_size: int, n: int, k: int
-) -> float:
-    """Largest |W| (exact, via the reference decode), computed once per (scales, blocks) version."""
+def check_fp16_range(q: MxWeight) -> None:
+    """Raise ValueError if ``q`` decodes to values beyond float16's range (it then needs bfloat16)."""
     from mxgemm.reference import dequantize
 
-    def compute() -> float:
-        w = MxWeight(blocks, scales, fmt, block_size, (n, k))
-        return dequantize(w).abs().nan_to_num(0.0).max().item()
+    wmax = dequantize(q).abs().nan_to_num(0.0).max().item() if q.blocks.numel() else 0.0
+    if wmax > FP16_MAX:
+        raise ValueError(
+            f"{q.fmt} weight {list(q.shape)} decodes to values beyond float16's range "
+            f"(max |W| = {wmax:.3g} > {FP16_MAX}); use bfloat16 activations"
+        )
 
-    return _memo(scales, "_mxgemm_max_abs", (scales._version, blocks._version), compute)
+
+def _check_fp16_once(blocks: torch.Tensor, scales: torch.Tensor, fmt: str, block_size: int, n: int, k: int):
+    """:func:`check_fp16_range`, done once per (scales, blocks) version."""
+    q = MxWeight(blocks, scales, fmt, block_size, (n, k))
+    _memo(scales, "_mxgemm_fp16_ok", (scales._version, blocks._version), lambda: check_fp16_range(q) or True)
 
 
 def _planes(blocks: torch.Tensor, bits: int) -> list[torch.Tensor]:
@@ -65,15 +70,8 @@ def _linear(
     if m == 0:
         return out.reshape(*x.shape[:-1], n)
     capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()  # no host sync inside a CUDA graph
-    if (
-        x.dtype == torch.float16
-        and not capturing
-        and (wmax := _max_weight(blocks, scales, fmt, block_size, n, k)) > FP16_MAX
-    ):
-        raise ValueError(
-            f"{fmt} weight [{n}, {k}] decodes to values beyond float16's range (max |W| = {wmax:.3g} > "
-            f"{FP16_MAX}); use bfloat16 activations"
-        )
+    if x.dtype == torch.float16 and not capturing:
+        _check_fp16_once(blocks, scales, fmt, block_size, n, k)
     if x.device.type == "cuda":
         tgt = targets.cuda(targets.device_arch(x.device.index))
     else:
