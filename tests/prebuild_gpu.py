@@ -1,6 +1,6 @@
 """Build the CUDA kernels of the GPU tests here (no GPU needed) into $MXGEMM_CACHE_DIR, so a GPU box with
 only the TVM runtime can run them: ``MXGEMM_CACHE_DIR=DIR python -m tests.prebuild_gpu sm_90 [JOBS [SETS]]``
-with SETS a comma list of linear, module, minilm (default: all)."""
+with SETS a comma list of linear, gemv, module, minilm (default: all)."""
 
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -59,7 +59,17 @@ def minilm_cases(arch):
                 yield dict(fmt=fmt, n=n, k=k, m_bucket=bucket, a_dtype="bfloat16", bias=True, target=arch)
 
 
-SETS = {"linear": cases, "module": module_cases, "minilm": minilm_cases}
+def gemv_cases(arch):
+    """tests.test_linear's M=1 cases on a shape the `gemv` rule tiles."""
+    from tests.linear_cases import GEMV_K, GEMV_N
+
+    for fmt in FORMATS:
+        for dt in DTYPES:
+            for bias in (False, True):
+                yield dict(fmt=fmt, n=GEMV_N, k=GEMV_K, m_bucket=1, a_dtype=dt, bias=bias, target=arch)
+
+
+SETS = {"linear": cases, "gemv": gemv_cases, "module": module_cases, "minilm": minilm_cases}
 
 
 def _build(kw):

@@ -117,17 +117,19 @@ def test_cpu_kernel_exposes_llvm_source():
 def test_cuda_compiles_every_format(fmt):
     """M=1 and M=256 schedules are produced and nvcc compiles them into a fatbin (no CUDA source left)."""
     for m_bucket, dtype in ((1, "float16"), (256, "bfloat16")):
-        k = mxgemm.build(fmt, n=256, k=512, m_bucket=m_bucket, a_dtype=dtype, target="sm_90")
+        k = mxgemm.build(fmt, n=256, k=1024, m_bucket=m_bucket, a_dtype=dtype, target="sm_90")
         data = k.path.read_bytes()
         assert nvcc.FATBIN_MAGIC in data and b"__global__" not in data
         assert "__global__" in k.source
-        assert k.rule.startswith("dlight.")
+        assert k.rule == "gemv" if m_bucket == 1 else k.rule.startswith("dlight.")
 
 
 @pytest.mark.nvcc
 def test_cuda_rules_by_bucket():
-    gemv = mxgemm.build("mxfp4", n=256, k=512, m_bucket=1, a_dtype="float16", target="sm_90")
-    assert gemv.rule == "dlight.GEMV"
+    gemv = mxgemm.build("mxfp4", n=256, k=1024, m_bucket=1, a_dtype="float16", target="sm_90")
+    assert gemv.rule == "gemv" and "uint4" in gemv.source  # ours: 16-byte weight loads
+    ragged = mxgemm.build("mxfp4", n=40, k=96, m_bucket=1, a_dtype="float16", target="sm_90")
+    assert ragged.rule == "dlight.GEMV"  # K not a multiple of 32 x 32: dlight's GEMV
     big = mxgemm.build("mxfp4", n=256, k=512, m_bucket=256, a_dtype="float16", target="sm_90")
     assert big.rule == "dlight.Matmul" and "wmma" in big.source  # tensor cores for fp16
     sm80 = mxgemm.build("mxfp4", n=256, k=512, m_bucket=1, a_dtype="float16", target="sm_80")

@@ -5,7 +5,7 @@ import torch
 
 import mxgemm
 from mxgemm import ops
-from tests.linear_cases import BLOCK_CASES, DTYPES, FORMATS, MS, K, N
+from tests.linear_cases import BLOCK_CASES, DTYPES, FORMATS, GEMV_K, GEMV_N, MS, K, N
 
 
 def _weights(fmt, n, k, block_size=None, seed=0):
@@ -84,6 +84,21 @@ def test_gpu(fmt, dtype, bias, m):
 def test_gpu_block_sizes(fmt, block, n, k):
     for m in MS:
         _run(fmt, "bfloat16", False, m, "cuda", n=n, k=k, block_size=block)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gpu_gemv_rule(fmt, dtype, bias):
+    """M=1 on a shape our `gemv` rule tiles: numerics, and one-hot rows give W's columns bit-exactly."""
+    _run(fmt, dtype, bias, 1, "cuda", n=GEMV_N, k=GEMV_K)
+    q = _weights(fmt, GEMV_N, GEMV_K).to("cuda")
+    w = mxgemm.dequantize(q).to(getattr(torch, dtype))
+    for j in (0, 1, 777, GEMV_K - 1):
+        x = torch.zeros(1, GEMV_K, dtype=getattr(torch, dtype), device="cuda")
+        x[0, j] = 1
+        assert torch.equal(mxgemm.linear(x, q)[0], w[:, j]), (fmt, j)
 
 
 @pytest.mark.gpu

@@ -14,8 +14,10 @@ def schedule(func: tirx.PrimFunc, target: dict[str, Any], m_bucket: int | None) 
     import tvm
 
     if target["kind"] == "cuda":
-        from mxgemm.rules import dlight
+        from mxgemm.rules import dlight, gemv
 
+        if m_bucket == 1 and (sch := gemv.apply(func, target)) is not None:
+            return "gemv", sch.mod
         return dlight.apply(func, target, m_bucket)
     scheduled = cpu.apply(func)
     if scheduled is None:
