@@ -1,0 +1,125 @@
+"""Tune logs: offline tuning results, one JSON record per line, looked up at build time (never tuned there).
+
+A record is keyed by (fmt, n, k, m_bucket, a_dtype, arch) and holds the schedule rule and config that
+won, its measured µs, the GPU, and the versions of mxgemm, TVM and nvcc that built it. Lookups read
+the shipped log (``tune_logs/<arch>.json`` beside the package) and the user's log
+(``$MXGEMM_TUNE_LOG`` or ``<user data dir>/tune_logs/<arch>.json``); a record from other versions is
+skipped (debug message) and a corrupt line or file is skipped with a warning, never an error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+from filelock import FileLock
+
+log = logging.getLogger(__name__)
+KEY_FIELDS = ("fmt", "n", "k", "m_bucket", "a_dtype", "arch")
+
+
+@dataclass(frozen=True)
+class Record:
+    """One tuned (format, shape, M bucket, dtype, arch): the winning schedule and its time."""
+
+    fmt: str
+    n: int
+    k: int
+    m_bucket: int | None
+    a_dtype: str
+    arch: str
+    rule: str
+    config: dict[str, Any] = field(default_factory=dict, hash=False)
+    us: float = 0.0
+    gpu: str = ""
+    versions: dict[str, str | None] = field(default_factory=dict, hash=False)
+
+    def key(self) -> tuple:
+        return tuple(getattr(self, f) for f in KEY_FIELDS)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Record:
+        known = set(cls.__dataclass_fields__)
+        missing = [f for f in (*KEY_FIELDS, "rule") if f not in d]
+        if missing:
+            raise ValueError(f"missing field(s) {', '.join(missing)}")
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def read(path: str | Path) -> list[Record]:
+    """Records of a JSON-lines log; unreadable files and corrupt lines are skipped with a warning."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        warnings.warn(f"tune log {path} is unreadable ({e}); ignored", stacklevel=2)
+        return []
+    out = []
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(Record.from_dict(json.loads(line)))
+        except (ValueError, TypeError) as e:
+            warnings.warn(f"tune log {path}:{no} is corrupt ({e}); line ignored", stacklevel=2)
+    return out
+
+
+def merge(
+    path: str | Path, records: list[Record], versions: dict[str, str | None] | None = None
+) -> list[Record]:
+    """Add ``records`` to the log at ``path`` (atomic, under a file lock); per key the fastest record
+    of the given ``versions`` wins, and records of other versions give way to current ones."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        best: dict[tuple, Record] = {}
+        for r in [*read(path), *records]:
+            old = best.get(r.key())
+            current = versions is None or r.versions == versions
+            old_current = old is not None and (versions is None or old.versions == versions)
+            if old is None or (current and not old_current) or (current == old_current and r.us < old.us):
+                best[r.key()] = r
+        merged = sorted(best.values(), key=lambda r: tuple(str(v) for v in r.key()))
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(fd, "w") as f:
+            f.writelines(json.dumps(asdict(r), sort_keys=True) + "\n" for r in merged)
+        os.replace(tmp, path)
+    return merged
+
+
+def shipped_log(arch: str) -> Path:
+    return Path(__file__).resolve().parents[1] / "tune_logs" / f"{arch}.json"
+
+
+def user_log(arch: str) -> Path:
+    env = os.environ.get("MXGEMM_TUNE_LOG")
+    return Path(env) if env else Path(platformdirs.user_data_dir("mxgemm")) / "tune_logs" / f"{arch}.json"
+
+
+def lookup(key: tuple, versions: dict[str, str | None], paths: list[Path] | None = None) -> Record | None:
+    """The fastest record for ``key`` (see :data:`KEY_FIELDS`) built with ``versions``, or None
+    (then the rules' default hints apply). The user log is read after the shipped one."""
+    arch = key[KEY_FIELDS.index("arch")]
+    found = None
+    for p in paths if paths is not None else [shipped_log(arch), user_log(arch)]:
+        for r in read(p):
+            if r.key() != key:
+                continue
+            if r.versions != versions:
+                log.debug(
+                    "tune log %s: record for %s is from %s, not %s; skipped", p, key, r.versions, versions
+                )
+                continue
+            if found is None or r.us < found.us:
+                found = r
+    return found

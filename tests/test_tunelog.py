@@ -1,0 +1,63 @@
+"""Tune logs: read/write/merge, version skipping, corruption handling (CPU)."""
+
+import logging
+
+import pytest
+
+from mxgemm import tunelog
+from mxgemm.tunelog import Record
+
+V1 = {"mxgemm": "0.1.0", "tvm": "0.27.0.post1", "nvcc": "13.0"}
+V2 = {"mxgemm": "0.2.0", "tvm": "0.27.0.post1", "nvcc": "13.0"}
+
+
+def rec(us, versions=V1, n=4096, rule="gemv", **config):
+    return Record("mxfp4", n, 4096, 1, "float16", "sm_90", rule, config, us, "NVIDIA H100", versions)
+
+
+def test_merge_keeps_the_fastest_per_key_and_round_trips(tmp_path):
+    p = tmp_path / "sm_90.json"
+    tunelog.merge(p, [rec(20.0, tx=32), rec(30.0, n=8192)], V1)
+    merged = tunelog.merge(p, [rec(15.0, tx=64), rec(40.0, n=8192)], V1)
+    assert [(r.n, r.us, r.config) for r in merged] == [(4096, 15.0, {"tx": 64}), (8192, 30.0, {})]
+    assert tunelog.read(p) == merged
+    assert not list(tmp_path.glob(".sm_90.json.*"))  # the temp file was renamed into place
+
+
+def test_current_versions_replace_old_ones_even_if_slower(tmp_path):
+    p = tmp_path / "sm_90.json"
+    tunelog.merge(p, [rec(10.0, versions=V1)], V1)
+    merged = tunelog.merge(p, [rec(12.0, versions=V2)], V2)
+    assert [(r.us, r.versions) for r in merged] == [(12.0, V2)]
+
+
+def test_lookup_skips_other_versions_and_prefers_the_fastest(tmp_path, caplog):
+    shipped, user = tmp_path / "shipped.json", tmp_path / "user.json"
+    tunelog.merge(shipped, [rec(20.0)], V1)
+    tunelog.merge(user, [rec(18.0, rule="other")], V1)
+    key = rec(0).key()
+    assert tunelog.lookup(key, V1, [shipped, user]).rule == "other"
+    with caplog.at_level(logging.DEBUG, logger="mxgemm.tunelog"):
+        assert tunelog.lookup(key, V2, [shipped, user]) is None
+    assert "skipped" in caplog.text
+    assert tunelog.lookup(rec(0, n=1).key(), V1, [shipped, user]) is None  # missing: default hints
+
+
+def test_corrupt_lines_and_files_are_warnings_not_errors(tmp_path):
+    p = tmp_path / "sm_90.json"
+    tunelog.merge(p, [rec(20.0)], V1)
+    p.write_text(p.read_text() + "{not json\n" + '{"fmt": "mxfp4"}\n')
+    with pytest.warns(UserWarning) as w:
+        records = tunelog.read(p)
+    assert len(records) == 1 and len(w) == 2
+    assert ":2 is corrupt" in str(w[0].message) and "missing field" in str(w[1].message)
+    p.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.warns(UserWarning, match="unreadable"):
+        assert tunelog.read(p) == []
+    assert tunelog.read(tmp_path / "absent.json") == []
+
+
+def test_log_locations(monkeypatch, tmp_path):
+    assert tunelog.shipped_log("sm_90").parent.name == "tune_logs"
+    monkeypatch.setenv("MXGEMM_TUNE_LOG", str(tmp_path / "mine.json"))
+    assert tunelog.user_log("sm_90") == tmp_path / "mine.json"
