@@ -12,9 +12,10 @@ import torch
 from mxgemm import formats, layout
 from mxgemm.codegen import build as builder
 from mxgemm.codegen import target as targets
+from mxgemm.config import A_DTYPES
 from mxgemm.weight import MxWeight
 
-ACT_DTYPES = (torch.float16, torch.bfloat16)
+ACT_DTYPES = tuple(A_DTYPES.values())
 FP16_MAX = 65504.0
 
 
@@ -53,6 +54,30 @@ def _planes(blocks: torch.Tensor, bits: int) -> list[torch.Tensor]:
     return _memo(blocks, "_mxgemm_planes", (blocks._version,), lambda: layout.to_planes(blocks, bits))
 
 
+_kernels: dict[tuple, builder.Kernel] = {}
+
+
+def _kernel(
+    device: torch.device,
+    fmt: str,
+    n: int,
+    k: int,
+    m_bucket: int | None,
+    dtype: torch.dtype,
+    bias: bool,
+    block_size: int,
+) -> builder.Kernel:
+    """The kernel for ``device`` (its arch, or this CPU), looked up once per process and shape: the
+    forward path skips target resolution and cache-key hashing after the first call."""
+    key = (device, fmt, n, k, m_bucket, dtype, bias, block_size)
+    if key not in _kernels:
+        tgt = targets.cuda(targets.device_arch(device.index)) if device.type == "cuda" else targets.cpu()
+        _kernels[key] = builder.build(
+            fmt, n=n, k=k, m_bucket=m_bucket, a_dtype=dtype, target=tgt, bias=bias, block_size=block_size
+        )
+    return _kernels[key]
+
+
 @torch.library.custom_op("mxgemm::linear", mutates_args=())
 def _linear(
     x: torch.Tensor,
@@ -72,19 +97,8 @@ def _linear(
     capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()  # no host sync inside a CUDA graph
     if x.dtype == torch.float16 and not capturing:
         _check_fp16_once(blocks, scales, fmt, block_size, n, k)
-    if x.device.type == "cuda":
-        tgt = targets.cuda(targets.device_arch(x.device.index))
-    else:
-        tgt = targets.cpu()
-    kernel = builder.build(
-        fmt,
-        n=n,
-        k=k,
-        m_bucket=builder.m_bucket_for(m, tgt["kind"]),
-        a_dtype=x.dtype,
-        target=tgt,
-        bias=bias is not None,
-        block_size=block_size,
+    kernel = _kernel(
+        x.device, fmt, n, k, builder.m_bucket_for(m, x.device.type), x.dtype, bias is not None, block_size
     )
     planes = _planes(blocks, formats.get(fmt).bits)
     args = [x2, *planes, scales] + ([bias.contiguous()] if bias is not None else []) + [out]

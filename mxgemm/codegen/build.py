@@ -16,11 +16,11 @@ from typing import Any
 import torch
 
 import mxgemm
-from mxgemm import formats, system
+from mxgemm import config, formats, system
 from mxgemm.codegen import cache
 from mxgemm.codegen import target as targets
 
-A_DTYPES = ("float16", "bfloat16")
+A_DTYPES = tuple(config.A_DTYPES)  # "float16", "bfloat16"
 M_BUCKETS = (1, 16, 64, 256, None)  # None: no upper bound
 
 
@@ -88,9 +88,11 @@ def versions(target: dict[str, Any]) -> dict[str, str | None]:
 class Kernel:
     """A compiled decode-fused matmul.
 
-    Call ``kernel(x, blocks, scales, bias, out)``: ``x`` ``a_dtype [m, k]`` (m within the bucket),
-    ``blocks`` uint8 ``[n, k*bits/8]``, ``scales`` uint8 ``[n, k/block]``, ``bias`` ``out_dtype [n]``
-    (only if built with bias), ``out`` ``out_dtype [m, n]``, all contiguous on the target's device.
+    Call ``kernel(x, *planes, scales, bias, out)``: ``x`` ``a_dtype [m, k]`` (m within the bucket),
+    ``planes`` the uint8 code planes of :func:`mxgemm.layout.to_planes` (one plane, the portable
+    ``[n, k*bits/8]`` bytes, for 8/4/2-bit formats), ``scales`` uint8 ``[n, k/block]``, ``bias``
+    ``out_dtype [n]`` (only if built with bias), ``out`` ``out_dtype [m, n]``, all contiguous on the
+    target's device.
     """
 
     def __init__(self, spec: KernelSpec, path: Path, info: dict[str, Any]):

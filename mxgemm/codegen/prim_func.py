@@ -5,7 +5,7 @@ from __future__ import annotations
 from tvm import te, tirx
 
 from mxgemm import formats, packing
-from mxgemm.codegen.build import A_DTYPES, _check_shape
+from mxgemm.codegen.build import _check_shape, _dtype_name
 from mxgemm.codegen.decode import weight_expr
 from mxgemm.layout import plane_widths
 
@@ -35,10 +35,8 @@ def prim_func(
     """
     f = formats.get(fmt)
     bs = formats.check_block_size(block_size, f)
-    out_dtype = out_dtype or a_dtype
-    for name, dt in (("a_dtype", a_dtype), ("out_dtype", out_dtype)):
-        if dt not in A_DTYPES:
-            raise ValueError(f"{name} must be one of {A_DTYPES}, got {dt!r}")
+    a_dtype = _dtype_name(a_dtype, "a_dtype")
+    out_dtype = _dtype_name(out_dtype or a_dtype, "out_dtype")
     _check_shape(n, k, bs)
     if m is not None and (not isinstance(m, int) or m <= 0):
         raise ValueError(f"m must be a positive int or None (dynamic), got {m!r}")
