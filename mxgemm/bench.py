@@ -30,16 +30,16 @@ REPLAYS = 7
 
 
 def build_specs(shapes, ms, fmts, a_dtype: str, arch: str) -> list[dict[str, Any]]:
-    """The `mxgemm.build` arguments of every kernel a run needs."""
-    from mxgemm.codegen.build import m_bucket_for
+    """The `mxgemm.build` arguments of every kernel a run needs (what `mxgemm.linear` picks per M)."""
+    from mxgemm.ops import build_args
 
-    buckets = sorted({m_bucket_for(m, "cuda") for m in ms}, key=lambda b: (b is None, b or 0))
-    return [
-        dict(fmt=f, n=n, k=k, m_bucket=b, a_dtype=a_dtype, target=arch)
+    specs = [
+        build_args(m, "cuda", fmt=f, n=n, k=k, a_dtype=a_dtype, target=arch)
         for f in fmts
         for n, k in shapes
-        for b in buckets
+        for m in ms
     ]
+    return list({json.dumps(s, sort_keys=True): s for s in specs}.values())
 
 
 def build_only(specs: list[dict[str, Any]], jobs: int = 2) -> None:

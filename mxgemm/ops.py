@@ -17,6 +17,26 @@ from mxgemm.weight import MxWeight
 
 ACT_DTYPES = tuple(A_DTYPES.values())
 FP16_MAX = 65504.0
+DECODE_ABOVE = 16  # CUDA, more rows than this: decode W once in 16 bits, then cuBLAS (see `plan`)
+
+
+def plan(m: int, device_type: str) -> tuple[str, int | None]:
+    """How ``m`` rows run: ``("linear", bucket)``, the decode-fused kernel of that M bucket (CPU: every
+    M; CUDA: M ≤ DECODE_ABOVE, the memory-bound range of the small-M rule), or ``("decode", None)``:
+    W decoded once into ``x.dtype`` by a generated kernel, then cuBLAS (CUDA, larger M, where tensor
+    cores set the pace)."""
+    if device_type == "cuda" and m > DECODE_ABOVE:
+        return "decode", None
+    return "linear", builder.m_bucket_for(m, device_type)
+
+
+def build_args(m: int, device_type: str, **layer) -> dict:
+    """The `mxgemm.build` keyword arguments of the kernel that serves ``m`` rows of ``layer`` (fmt, n,
+    k, a_dtype, bias, block_size, target) on ``device_type``: for ahead-of-time builds."""
+    op, bucket = plan(m, device_type)
+    if op == "decode":
+        return {**layer, "op": op, "bias": False, "m_bucket": None}
+    return {**layer, "m_bucket": bucket}
 
 
 def _memo(t: torch.Tensor, name: str, version: tuple[int, ...], compute):
@@ -66,14 +86,23 @@ def _kernel(
     dtype: torch.dtype,
     bias: bool,
     block_size: int,
+    op: str = "linear",
 ) -> builder.Kernel:
     """The kernel for ``device`` (its arch, or this CPU), looked up once per process and shape: the
     forward path skips target resolution and cache-key hashing after the first call."""
-    key = (device, fmt, n, k, m_bucket, dtype, bias, block_size)
+    key = (device, fmt, n, k, m_bucket, dtype, bias, block_size, op)
     if key not in _kernels:
         tgt = targets.cuda(targets.device_arch(device.index)) if device.type == "cuda" else targets.cpu()
         _kernels[key] = builder.build(
-            fmt, n=n, k=k, m_bucket=m_bucket, a_dtype=dtype, target=tgt, bias=bias, block_size=block_size
+            fmt,
+            n=n,
+            k=k,
+            m_bucket=m_bucket,
+            a_dtype=dtype,
+            target=tgt,
+            bias=bias,
+            block_size=block_size,
+            op=op,
         )
     return _kernels[key]
 
@@ -91,25 +120,33 @@ def _linear(
 ) -> torch.Tensor:
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0]
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
-        return out.reshape(*x.shape[:-1], n)
+        return x.new_empty(*x.shape[:-1], n)
     capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()  # no host sync inside a CUDA graph
     if x.dtype == torch.float16 and not capturing:
         _check_fp16_once(blocks, scales, fmt, block_size, n, k)
-    kernel = _kernel(
-        x.device, fmt, n, k, builder.m_bucket_for(m, x.device.type), x.dtype, bias is not None, block_size
-    )
+    op, m_bucket = plan(m, x.device.type)
     planes = _planes(blocks, formats.get(fmt).bits)
-    args = [x2, *planes, scales] + ([bias.contiguous()] if bias is not None else []) + [out]
-    if x.device.type == "cuda":
+    if op == "decode":
+        w = torch.empty(n, k, dtype=x.dtype, device=x.device)
+        _run(_kernel(x.device, fmt, n, k, None, x.dtype, False, block_size, op), [*planes, scales, w])
+        out = torch.nn.functional.linear(x2, w, bias)
+    else:
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+        kernel = _kernel(x.device, fmt, n, k, m_bucket, x.dtype, bias is not None, block_size)
+        _run(kernel, [x2, *planes, scales] + ([bias.contiguous()] if bias is not None else []) + [out])
+    return out.reshape(*x.shape[:-1], n)
+
+
+def _run(kernel: builder.Kernel, args: list[torch.Tensor]) -> None:
+    """Launch ``kernel`` on the tensors' device (CUDA: on the current torch stream)."""
+    if args[0].is_cuda:
         import tvm_ffi
 
-        with torch.cuda.device(x.device), tvm_ffi.use_torch_stream():
+        with torch.cuda.device(args[0].device), tvm_ffi.use_torch_stream():
             kernel(*args)
     else:
         kernel(*args)
-    return out.reshape(*x.shape[:-1], n)
 
 
 @_linear.register_fake

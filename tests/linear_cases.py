@@ -7,4 +7,5 @@ DTYPES = ("float16", "bfloat16")
 MS = (1, 3, 17, 64)
 N, K = 40, 96  # not multiples of typical tiles; K a multiple of the block (32)
 BLOCK_CASES = (("mxfp4", 8, 24, 64), ("bfp5", 256, 24, 512), ("mxfp6_e2m3", 64, 8, 192))  # fmt, block, n, k
-GEMV_N, GEMV_K = 64, 2048  # shapes the M=1 `gemv` rule tiles (K % 1024 == 0, N % 4 == 0)
+GEMV_N, GEMV_K = 64, 2048  # a shape the small-M `gemv` rule tiles for every format (K % 2048 == 0)
+GEMV_MS = (1, 3, 16)  # its M buckets 1, 4 (3 rows: one padded) and 16

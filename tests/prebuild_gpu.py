@@ -6,20 +6,20 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 
 import mxgemm
-from mxgemm.codegen.build import m_bucket_for
-from tests.linear_cases import BLOCK_CASES, DTYPES, FORMATS, MS, K, N
+from mxgemm.ops import build_args
+from tests.linear_cases import BLOCK_CASES, DTYPES, FORMATS, GEMV_MS, MS, K, N
 
 
 def cases(arch):
-    buckets = sorted({m_bucket_for(m, "cuda") for m in MS}, key=str)
     for fmt in FORMATS:
         for dt in DTYPES:
             for bias in (False, True):
-                for b in buckets:
-                    yield dict(fmt=fmt, n=N, k=K, m_bucket=b, a_dtype=dt, bias=bias, target=arch)
+                for m in MS:
+                    yield build_args(m, "cuda", fmt=fmt, n=N, k=K, a_dtype=dt, bias=bias, target=arch)
+            yield build_args(256, "cuda", fmt=fmt, n=N, k=K, a_dtype=dt, target=arch)  # every-code test
     for fmt, block, n, k in BLOCK_CASES:
-        for b in buckets:
-            yield dict(fmt=fmt, n=n, k=k, m_bucket=b, a_dtype="bfloat16", block_size=block, target=arch)
+        for m in MS:
+            yield build_args(m, "cuda", fmt=fmt, n=n, k=k, a_dtype="bfloat16", block_size=block, target=arch)
 
 
 def module_cases(arch):
@@ -36,11 +36,12 @@ def module_cases(arch):
         quantize_(net, MxConfig("mxfp4"))
     for mod in net.modules():
         if isinstance(mod, MxLinear):
-            yield dict(
+            yield build_args(
+                GPU_M,
+                "cuda",
                 fmt=mod.fmt,
                 n=mod.out_features,
                 k=mod.in_features,
-                m_bucket=m_bucket_for(GPU_M, "cuda"),
                 a_dtype=str(mod.a_dtype).removeprefix("torch."),
                 bias=mod.bias is not None,
                 block_size=mod.block_size,
@@ -49,24 +50,26 @@ def module_cases(arch):
 
 
 def minilm_cases(arch):
-    """The MxLinear layers of the main job (tests.test_demo on CUDA): MiniLM's projections, at the
-    buckets of its pooler (36 rows) and of its token batches (hundreds of rows)."""
+    """The MxLinear layers of the main job (tests.test_demo on CUDA): MiniLM's projections, for its
+    pooler (36 rows) and its token batches (hundreds of rows): both take the decode + cuBLAS path."""
     from mxgemm.demo import DEMO_FORMATS
 
     for fmt in DEMO_FORMATS:
         for n, k in ((384, 384), (1536, 384), (384, 1536)):
-            for bucket in (64, None):
-                yield dict(fmt=fmt, n=n, k=k, m_bucket=bucket, a_dtype="bfloat16", bias=True, target=arch)
+            yield build_args(36, "cuda", fmt=fmt, n=n, k=k, a_dtype="bfloat16", bias=True, target=arch)
 
 
 def gemv_cases(arch):
-    """tests.test_linear's M=1 cases on a shape the `gemv` rule tiles."""
+    """tests.test_linear's small-M cases on a shape the `gemv` rule tiles."""
     from tests.linear_cases import GEMV_K, GEMV_N
 
     for fmt in FORMATS:
         for dt in DTYPES:
             for bias in (False, True):
-                yield dict(fmt=fmt, n=GEMV_N, k=GEMV_K, m_bucket=1, a_dtype=dt, bias=bias, target=arch)
+                for m in GEMV_MS:
+                    yield build_args(
+                        m, "cuda", fmt=fmt, n=GEMV_N, k=GEMV_K, a_dtype=dt, bias=bias, target=arch
+                    )
 
 
 SETS = {"linear": cases, "gemv": gemv_cases, "module": module_cases, "minilm": minilm_cases}

@@ -115,19 +115,30 @@ def test_cpu_kernel_exposes_llvm_source():
 @pytest.mark.nvcc
 @pytest.mark.parametrize("fmt", mxgemm.formats.names())
 def test_cuda_compiles_every_format(fmt):
-    """M=1 and M=256 schedules are produced and nvcc compiles them into a fatbin (no CUDA source left)."""
-    for m_bucket, dtype in ((1, "float16"), (256, "bfloat16")):
-        k = mxgemm.build(fmt, n=256, k=1024, m_bucket=m_bucket, a_dtype=dtype, target="sm_90")
+    """Small-M (ours), M=256 (dlight) and standalone-decode (ours) schedules are produced and nvcc
+    compiles them into a fatbin (no CUDA source left)."""
+    for m_bucket, dtype, op, rule in (
+        (1, "float16", "linear", "gemv"),
+        (16, "bfloat16", "linear", "gemv"),
+        (256, "bfloat16", "linear", "dlight."),
+        (None, "float16", "decode", "dequant"),
+    ):
+        k = mxgemm.build(fmt, n=256, k=2048, m_bucket=m_bucket, a_dtype=dtype, target="sm_90", op=op)
         data = k.path.read_bytes()
         assert nvcc.FATBIN_MAGIC in data and b"__global__" not in data
         assert "__global__" in k.source
-        assert k.rule == "gemv" if m_bucket == 1 else k.rule.startswith("dlight.")
+        assert k.rule.startswith(rule), (m_bucket, op, k.rule)
 
 
 @pytest.mark.nvcc
 def test_cuda_rules_by_bucket():
     gemv = mxgemm.build("mxfp4", n=256, k=1024, m_bucket=1, a_dtype="float16", target="sm_90")
     assert gemv.rule == "gemv" and "uint4" in gemv.source  # ours: 16-byte weight loads
+    assert gemv.info["hints"] == {"rows": 1, "load_bytes": 16, "a_vec": 8}  # N=256: one warp a block
+    tuned = mxgemm.build(
+        "mxfp4", n=256, k=1024, m_bucket=4, target="sm_90", hints={"rows": 2, "load_bytes": 8, "a_vec": 4}
+    )
+    assert tuned.rule == "gemv" and "__launch_bounds__(64)" in tuned.source and "uint2" in tuned.source
     ragged = mxgemm.build("mxfp4", n=40, k=96, m_bucket=1, a_dtype="float16", target="sm_90")
     assert ragged.rule == "dlight.GEMV"  # K not a multiple of 32 x 32: dlight's GEMV
     big = mxgemm.build("mxfp4", n=256, k=512, m_bucket=256, a_dtype="float16", target="sm_90")

@@ -5,7 +5,7 @@ import torch
 
 import mxgemm
 from mxgemm import ops
-from tests.linear_cases import BLOCK_CASES, DTYPES, FORMATS, GEMV_K, GEMV_N, MS, K, N
+from tests.linear_cases import BLOCK_CASES, DTYPES, FORMATS, GEMV_K, GEMV_MS, GEMV_N, MS, K, N
 
 
 def _weights(fmt, n, k, block_size=None, seed=0):
@@ -91,14 +91,18 @@ def test_gpu_block_sizes(fmt, block, n, k):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_gpu_gemv_rule(fmt, dtype, bias):
-    """M=1 on a shape our `gemv` rule tiles: numerics, and one-hot rows give W's columns bit-exactly."""
-    _run(fmt, dtype, bias, 1, "cuda", n=GEMV_N, k=GEMV_K)
+    """Small M on a shape our `gemv` rule tiles (buckets 1, 4, 16): numerics, and one-hot rows give W's
+    columns bit-exactly (padded rows of the M tile must not leak into the output)."""
     q = _weights(fmt, GEMV_N, GEMV_K).to("cuda")
     w = mxgemm.dequantize(q).to(getattr(torch, dtype))
-    for j in (0, 1, 777, GEMV_K - 1):
-        x = torch.zeros(1, GEMV_K, dtype=getattr(torch, dtype), device="cuda")
-        x[0, j] = 1
-        assert torch.equal(mxgemm.linear(x, q)[0], w[:, j]), (fmt, j)
+    for m in GEMV_MS:
+        _run(fmt, dtype, bias, m, "cuda", n=GEMV_N, k=GEMV_K)
+        cols = torch.tensor([0, 1, 777, GEMV_K - 1, 5, 1024, 31, 2047, 99, 100, 101, 102, 1500, 1501, 3, 4])[
+            :m
+        ]
+        x = torch.zeros(m, GEMV_K, dtype=getattr(torch, dtype), device="cuda")
+        x[torch.arange(m), cols] = 1
+        assert torch.equal(mxgemm.linear(x, q), w[:, cols].T), (fmt, m)
 
 
 @pytest.mark.gpu
@@ -169,3 +173,29 @@ def test_compiles_without_graph_breaks():
     x = torch.randn(5, K, dtype=torch.bfloat16)
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
     assert torch.equal(compiled(x), f(x))
+
+
+def _every_code_weight(fmt: str, device: str) -> mxgemm.MxWeight:
+    """A [4, 256] weight holding every finite code of ``fmt`` (cycled), scales 2**-3 .. 2**3."""
+    from mxgemm import formats, packing
+
+    f = formats.get(fmt)
+    codes = torch.arange(2**f.bits)
+    codes = codes[torch.isfinite(f.decode(codes))]
+    k = 256
+    rows = torch.stack([codes.roll(r)[torch.arange(k) % len(codes)] for r in range(4)])
+    scales = (127 + torch.arange(-3, 5)).repeat(4, 1)[:, : k // f.block_size].to(torch.uint8)
+    q = mxgemm.MxWeight(packing.pack(rows.to(torch.uint8), f.bits), scales, fmt, f.block_size, (4, k))
+    return q.to(device)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_every_code_decodes_exactly(device):
+    """One-hot x through the kernel returns each weight exactly (float32 products, one cast): every
+    finite code of every format, against the format's own decode table and the oracle-checked scale."""
+    for fmt in FORMATS:
+        q = _every_code_weight(fmt, device)
+        x = torch.eye(256, dtype=torch.bfloat16, device=device)
+        for m in (1, 256) if device == "cuda" else (256,):
+            y = mxgemm.linear(x[:m], q)
+            assert torch.equal(y, mxgemm.dequantize(q).T[:m].to(torch.bfloat16)), (fmt, m)

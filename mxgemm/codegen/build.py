@@ -21,7 +21,8 @@ from mxgemm.codegen import cache
 from mxgemm.codegen import target as targets
 
 A_DTYPES = tuple(config.A_DTYPES)  # "float16", "bfloat16"
-M_BUCKETS = (1, 16, 64, 256, None)  # None: no upper bound
+M_BUCKETS = (1, 4, 16, 64, 256, None)  # None: no upper bound
+OPS = ("linear", "decode")
 
 
 def m_bucket_for(m: int, target_kind: str) -> int | None:
@@ -45,7 +46,8 @@ class KernelSpec:
     bias: bool
     block_size: int
     target: dict[str, Any] = field(hash=False)
-    schedule: str = "default"
+    schedule: str = "default"  # "default" (the rule's own hints) or the JSON of tuned hints
+    op: str = "linear"  # "linear": the decode-fused matmul; "decode": W alone (decode_func)
 
     def key(self) -> dict[str, Any]:
         return {**asdict(self), "versions": versions(self.target)}
@@ -92,7 +94,8 @@ class Kernel:
     ``planes`` the uint8 code planes of :func:`mxgemm.layout.to_planes` (one plane, the portable
     ``[n, k*bits/8]`` bytes, for 8/4/2-bit formats), ``scales`` uint8 ``[n, k/block]``, ``bias``
     ``out_dtype [n]`` (only if built with bias), ``out`` ``out_dtype [m, n]``, all contiguous on the
-    target's device.
+    target's device. An ``op="decode"`` kernel is called ``kernel(*planes, scales, w)`` and writes
+    ``w``: ``a_dtype [n, k]``.
     """
 
     def __init__(self, spec: KernelSpec, path: Path, info: dict[str, Any]):
@@ -127,9 +130,12 @@ class Kernel:
 
     def __repr__(self) -> str:
         s = self.spec
+        hints = ", ".join(f"{k}={v}" for k, v in self.info.get("hints", {}).items())
         return (
-            f"Kernel({s.fmt}, n={s.n}, k={s.k}, m_bucket={s.m_bucket}, {s.a_dtype}->{s.out_dtype}, "
-            f"bias={s.bias}, block={s.block_size}, {_target_name(s.target)}, rule={self.rule})"
+            f"Kernel({s.op} {s.fmt}, n={s.n}, k={s.k}, m_bucket={s.m_bucket}, {s.a_dtype}->{s.out_dtype}, "
+            f"bias={s.bias}, block={s.block_size}, {_target_name(s.target)}, rule={self.rule}"
+            + (f" [{hints}]" if hints else "")
+            + ")"
         )
 
 
@@ -138,24 +144,33 @@ def _target_name(target: dict[str, Any]) -> str:
 
 
 def _compile(spec: KernelSpec, out: Path) -> dict[str, Any]:
-    """Schedule, compile and export ``spec`` to ``out``; returns metadata (rule, source)."""
+    """Schedule, compile and export ``spec`` to ``out``; returns metadata (rule, hints, source)."""
     import tvm
 
     from mxgemm import rules
-    from mxgemm.codegen.prim_func import prim_func
+    from mxgemm.codegen.prim_func import decode_func, prim_func
 
-    m = 1 if spec.m_bucket == 1 else None
-    func = prim_func(
-        spec.fmt,
-        n=spec.n,
-        k=spec.k,
-        m=m,
-        a_dtype=spec.a_dtype,
-        out_dtype=spec.out_dtype,
-        bias=spec.bias,
-        block_size=spec.block_size,
-    )
-    rule, mod = rules.schedule(func, spec.target, spec.m_bucket)
+    if spec.op == "decode":
+        func = decode_func(spec.fmt, n=spec.n, k=spec.k, dtype=spec.a_dtype, block_size=spec.block_size)
+        rule, mod = rules.schedule_decode(func, spec.target)
+        hints: dict[str, Any] = {}
+    else:
+
+        def make(decode_dtype: str | None):
+            return prim_func(
+                spec.fmt,
+                n=spec.n,
+                k=spec.k,
+                m=1 if spec.m_bucket == 1 else None,
+                a_dtype=spec.a_dtype,
+                out_dtype=spec.out_dtype,
+                bias=spec.bias,
+                block_size=spec.block_size,
+                decode_dtype=decode_dtype,
+            )
+
+        tuned = None if spec.schedule == "default" else json.loads(spec.schedule)
+        rule, mod, hints = rules.schedule(make, spec.target, spec.m_bucket, tuned)
     if targets.is_cuda(spec.target):
         from mxgemm.codegen import nvcc
 
@@ -165,7 +180,7 @@ def _compile(spec: KernelSpec, out: Path) -> dict[str, Any]:
         ex = tvm.compile(mod, target=spec.target)
         source = ex.mod.inspect_source("ll")
     ex.export_library(str(out))
-    return {"rule": rule, "source": source}
+    return {"rule": rule, "hints": hints, "source": source}
 
 
 _loaded: dict[str, Kernel] = {}
@@ -183,6 +198,8 @@ def build(
     out_dtype: str | torch.dtype | None = None,
     bias: bool = False,
     block_size: int | None = None,
+    op: str = "linear",
+    hints: dict[str, Any] | None = None,
 ) -> Kernel:
     """Build (or fetch from the cache) the kernel for one layer shape and M bucket.
 
@@ -192,6 +209,9 @@ def build(
         a_dtype, out_dtype: ``"float16"`` or ``"bfloat16"`` (or the torch dtypes); out defaults to a_dtype.
         target: ``"llvm"``, ``"cuda"`` (arch of the current GPU), ``"sm_80"``/``"sm_90"``, or a dict.
         bias: add a ``[n]`` bias in the epilogue. block_size: elements per scale (default 32).
+        op: ``"linear"`` (the decode-fused matmul) or ``"decode"`` (W alone, ``a_dtype [n, k]``; no
+            M bucket or bias).
+        hints: schedule hints for the rule (tuning); None uses the rule's defaults.
     """
     f = formats.get(fmt)
     bs = formats.check_block_size(block_size, f)
@@ -200,12 +220,17 @@ def build(
     o = _dtype_name(out_dtype, "out_dtype") if out_dtype is not None else a
     if m_bucket not in M_BUCKETS:
         raise ValueError(f"m_bucket must be one of {M_BUCKETS}, got {m_bucket!r}")
-    if not targets.is_cuda(tgt):
+    if op not in OPS:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    if not targets.is_cuda(tgt) or op == "decode":
         m_bucket = None
+    if op == "decode" and (bias or o != a):
+        raise ValueError("op='decode' writes W in a_dtype: it takes no bias and no other out_dtype")
     _check_shape(n, k, bs)
     if targets.is_cuda(tgt) and system.nvcc_version() is None:
         raise RuntimeError("CUDA kernels need nvcc on PATH (the CUDA toolkit); CPU kernels work without it")
-    spec = KernelSpec(f.name, n, k, m_bucket, a, o, bias, bs, tgt)
+    schedule = "default" if hints is None else json.dumps(hints, sort_keys=True)
+    spec = KernelSpec(f.name, n, k, m_bucket, a, o, bias, bs, tgt, schedule, op)
     skey = json.dumps(spec.key(), sort_keys=True, default=str)
     with _loaded_lock:
         kernel = _loaded.get(skey)

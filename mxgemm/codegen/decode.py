@@ -42,24 +42,29 @@ def extract_code(planes: list[te.Tensor], row: PrimExpr, k: PrimExpr, bits: int)
 def element_expr(fmt: Format, code: PrimExpr, dtype: str = "float32") -> PrimExpr:
     """uint32 ``code`` of ``fmt`` → its element value in ``dtype`` (exact in float32).
 
-    float: the magnitude ``(m | implicit_one << mbits) << max(e-1, 0)`` is an integer; times the
-    constant ``2**(1 - bias - mbits)`` it is the value (subnormals included, no float denormals).
-    NaN/inf codes (never produced by quantize) decode to finite values.
-    int: sign-extend the two's complement code, times ``2**-(bits-2)``.
+    No int→float conversion and no select (conversions run at a quarter of the integer rate on
+    sm_80/sm_90; the decode must cost a few integer ops):
+
+    float: the sign goes to bit 31 and the exponent/mantissa bits to the top of the float32
+    exponent/mantissa fields, which is the value times ``2**(bias - 127)`` (subnormals map to float32
+    subnormals); one exact multiply by ``2**(127 - bias)`` gives the value. NaN/inf codes (never
+    produced by quantize) decode to finite values.
+    int: ``code ^ 2**(bits-1)`` (the code plus ``2**(bits-1)``, mod ``2**bits``) ORed into the
+    mantissa of ``2**23`` is ``2**23 + 2**(bits-1) + q`` as a float; one exact subtraction gives ``q``,
+    one exact multiply ``q * 2**-(bits-2)``.
     """
+    f32 = "float32"
     if fmt.kind == "int":
-        s = 32 - fmt.bits
-        signed = tirx.reinterpret("int32", code << _u32(s)) >> tirx.const(s, "int32")
-        value = tirx.Cast("float32", signed) * tirx.const(fmt.min_subnormal, "float32")
+        half = 2 ** (fmt.bits - 1)
+        biased = tirx.reinterpret(f32, (code ^ _u32(half)) | _u32(0x4B000000))
+        q = biased - tirx.const(2.0**23 + half, f32)
+        value = q * tirx.const(fmt.min_subnormal, f32)
     else:
-        e = (code >> _u32(fmt.mbits)) & _u32(2**fmt.ebits - 1)
-        m = code & _u32(2**fmt.mbits - 1)
-        implicit = tirx.Cast(U32, e != _u32(0)) << _u32(fmt.mbits)
-        shift = tirx.max(e, _u32(1)) - _u32(1)
-        mag = tirx.Cast("float32", (m | implicit) << shift) * tirx.const(fmt.min_subnormal, "float32")
-        negative = (code >> _u32(fmt.bits - 1)) != _u32(0)
-        value = tirx.Select(negative, -mag, mag)
-    return value if dtype == "float32" else tirx.Cast(dtype, value)
+        low = fmt.bits - 1  # exponent + mantissa bits
+        sign = (code << _u32(32 - fmt.bits)) & _u32(0x80000000)
+        rest = (code << _u32(23 - fmt.mbits)) & _u32((2**low - 1) << (23 - fmt.mbits))
+        value = tirx.reinterpret(f32, sign | rest) * tirx.const(2.0 ** (127 - fmt.bias), f32)
+    return value if dtype == f32 else tirx.Cast(dtype, value)
 
 
 def scale_expr(scale_code: PrimExpr) -> PrimExpr:

@@ -20,6 +20,7 @@ def prim_func(
     out_dtype: str | None = None,
     bias: bool = False,
     block_size: int | None = None,
+    decode_dtype: str | None = None,
 ) -> tirx.PrimFunc:
     """``Y[m, n] = cast(sum_k A[m, k] * W[n, k]) (+ Bias[n])`` with ``W`` decoded from MX/BFP codes.
 
@@ -30,27 +31,24 @@ def prim_func(
         S: ``uint8 [n, k / block_size]`` E8M0 scales.
         Bias: ``out_dtype [n]`` (only when ``bias``).
         Y: ``out_dtype [m, n]`` output (defaults to ``a_dtype``).
-    Blocks: ``decode`` (W in ``a_dtype``, one expression), ``matmul`` (fp32 accumulation),
-    ``epilogue`` (cast, bias).
+    Blocks: ``decode`` (W in ``decode_dtype``, default ``a_dtype``; one expression; ``"float32"`` is
+    exact for every format and skips a round trip through 16 bits where no tensor core needs them),
+    ``matmul`` (fp32 accumulation), ``epilogue`` (cast, bias).
     """
     f = formats.get(fmt)
     bs = formats.check_block_size(block_size, f)
     a_dtype = _dtype_name(a_dtype, "a_dtype")
     out_dtype = _dtype_name(out_dtype or a_dtype, "out_dtype")
+    decode_dtype = decode_dtype or a_dtype
+    if decode_dtype not in (a_dtype, "float32"):
+        raise ValueError(f"decode_dtype must be a_dtype ({a_dtype}) or float32, got {decode_dtype!r}")
     _check_shape(n, k, bs)
     if m is not None and (not isinstance(m, int) or m <= 0):
         raise ValueError(f"m must be a positive int or None (dynamic), got {m!r}")
 
     mm = te.var("m", "int64") if m is None else m
     a = te.placeholder((mm, k), a_dtype, name="A")
-    widths = plane_widths(f.bits)
-    names = ["B"] if len(widths) == 1 else [f"B{i}" for i in range(len(widths))]
-    b = [
-        te.placeholder((n, packing.packed_len(k, w)), "uint8", name=nm)
-        for nm, w in zip(names, widths, strict=True)
-    ]
-    s = te.placeholder((n, k // bs), "uint8", name="S")
-    w = te.compute((n, k), lambda i, j: weight_expr(f, b, s, i, j, bs, a_dtype), name="decode")
+    b, s, w = _decoded_weight(f, n, k, bs, decode_dtype)
     r = te.reduce_axis((0, k), name="k")
     acc = te.compute(
         (mm, n),
@@ -69,5 +67,36 @@ def prim_func(
     else:
         y = te.compute((mm, n), lambda i, j: tirx.Cast(out_dtype, acc[i, j]), name="epilogue")
     # int64 indices: a symbolic int64 M next to int32 indices breaks dlight's Matmul rule.
-    func = te.create_prim_func([*args, y], index_dtype_override="int64" if m is None else None)
+    wide = m is None or n * k >= 2**31
+    func = te.create_prim_func([*args, y], index_dtype_override="int64" if wide else None)
+    return func.with_attr("global_symbol", "main")
+
+
+def _decoded_weight(f: formats.Format, n: int, k: int, bs: int, dtype: str):
+    """Placeholders of the code planes and scales, and the ``decode`` compute ``[n, k]`` of ``dtype``."""
+    widths = plane_widths(f.bits)
+    names = ["B"] if len(widths) == 1 else [f"B{i}" for i in range(len(widths))]
+    b = [
+        te.placeholder((n, packing.packed_len(k, w)), "uint8", name=nm)
+        for nm, w in zip(names, widths, strict=True)
+    ]
+    s = te.placeholder((n, k // bs), "uint8", name="S")
+    w = te.compute((n, k), lambda i, j: weight_expr(f, b, s, i, j, bs, dtype), name="decode")
+    return b, s, w
+
+
+def decode_func(
+    fmt: str | formats.Format, *, n: int, k: int, dtype: str = "float16", block_size: int | None = None
+):
+    """``W[n, k] = dequantize(codes, scales)`` in ``dtype`` as a PrimFunc (one block, ``decode``).
+
+    Arguments: the code planes ``B``/``B0..`` and ``S`` exactly as in :func:`prim_func`, then
+    ``W``: ``dtype [n, k]``. The large-M CUDA path runs it and then cuBLAS.
+    """
+    f = formats.get(fmt)
+    bs = formats.check_block_size(block_size, f)
+    dtype = _dtype_name(dtype, "dtype")
+    _check_shape(n, k, bs)
+    b, s, w = _decoded_weight(f, n, k, bs, dtype)
+    func = te.create_prim_func([*b, s, w], index_dtype_override="int64" if n * k >= 2**31 else None)
     return func.with_attr("global_symbol", "main")

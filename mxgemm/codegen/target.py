@@ -13,6 +13,8 @@ from typing import Any
 # Dynamic shared memory per block (bytes) by compute capability; 48 KB static.
 _SMEM = {70: 96 * 1024, 75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 MIN_SM = 80  # bf16 and the async copies we rely on
+# SMs of the arch's data-center part (A100, A10/A40 class, L40, H100 SXM): schedule hints only.
+_SM_COUNT = {80: 108, 86: 84, 89: 142, 90: 132}
 
 
 def sm_version(arch: str) -> int:
@@ -79,6 +81,11 @@ def device_arch(index: int | None = None) -> str:
         raise RuntimeError("no CUDA device visible: build for an explicit arch such as 'sm_90' instead")
     major, minor = torch.cuda.get_device_capability(index)
     return f"sm_{major}{minor}"
+
+
+def sm_count(arch: str) -> int:
+    """Streaming multiprocessors to plan grids for (the arch's data-center part; a hint, not a limit)."""
+    return _SM_COUNT.get(sm_version(arch), 108)
 
 
 def is_cuda(target: dict[str, Any]) -> bool:

@@ -1,62 +1,129 @@
-"""GPU rule for M=1 (GEMV): each thread streams 16 bytes of packed weight codes per step.
+"""GPU rule for small M (GEMV / low batch, M buckets 1..16): wide weight loads, decode once per thread
+step in registers, shared by every row of A.
 
-Per output row ``n`` a warp walks K in steps of 32 threads × ``VEC`` elements, ``VEC`` chosen so one
-thread's codes are one 16-byte load (fp4: 32 elements; 8-bit: 16); codes land in registers, are
-decoded there and multiplied with A; per-thread fp32 partial sums (``rfactor``) are reduced across the
-warp with shuffles. ``ROWS`` rows (warps) share a thread block.
+Per output row ``n`` a warp walks K in steps of 32 threads × ``vec`` elements, ``vec`` chosen so one
+thread's codes are one ``load_bytes`` load of the widest bit plane (16 bytes: 32 fp4 or 16 fp8 codes).
+The codes are decoded into float32 registers (the decode block, computed at the step), then every row
+of the M tile multiplies them with ``a_vec``-wide loads of A (fp32 partial sums, ``rfactor``), and a
+warp-shuffle all-reduce sums the 32 threads. ``rows`` output rows (warps) share a thread block; the M
+tile is the bucket, padded (rows beyond M read zeros and are not stored).
 """
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from tvm import s_tir, tirx
 
+from mxgemm.codegen import target as targets
+
 TX = 32  # threads along K (one warp)
-ROWS = 4  # rows of W (warps) per thread block
-LOAD_BYTES = 16
+M_TILES = (1, 4, 16)  # M buckets this rule serves
 
 
-def apply(func: tirx.PrimFunc, target: dict[str, Any]) -> s_tir.Schedule | None:
-    """Schedule for a static M=1 prim_func, or None when the shape does not fit the tiling
-    (K a multiple of 32 × VEC, N a multiple of ROWS)."""
+@dataclass(frozen=True)
+class Hints:
+    """Tunable knobs. rows: output rows (warps) per thread block; load_bytes: bytes of the widest code
+    plane each thread loads per step (4, 8, 16); a_vec: activations per vector load of A (4 or 8)."""
+
+    rows: int = 4
+    load_bytes: int = 16
+    a_vec: int = 8
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def default_hints(target: dict[str, Any], n: int, k: int, plane_bits: int, m_tile: int) -> Hints:
+    """Hints from the hardware and the shape: the widest load (16 bytes) that tiles K (32 threads ×
+    the load's codes of the widest plane, ``plane_bits`` wide); as many warps per block as keep ≥ 4
+    blocks per SM busy (fewer when N is small); A loads 8 wide (4 when 16 rows share the registers)."""
+    sms = targets.sm_count(target["arch"])
+    load = next((b for b in (16, 8, 4) if k % (TX * b * 8 // plane_bits) == 0), 16)
+    rows = next((r for r in (8, 4, 2) if n % r == 0 and n // r >= 4 * sms), 1)
+    return Hints(rows=rows, load_bytes=load, a_vec=4 if m_tile >= 16 or load < 16 and plane_bits == 8 else 8)
+
+
+def candidates(n: int, m_tile: int) -> list[Hints]:
+    """The hint space the tuner searches (deterministic order; only combinations that tile N)."""
+    out = []
+    for rows, load, a_vec in itertools.product((1, 2, 4, 8), (4, 8, 16), (4, 8)):
+        if n % rows == 0 and not (m_tile >= 16 and a_vec == 8 and load == 16):
+            out.append(Hints(rows, load, a_vec))
+    return out
+
+
+def apply(
+    func: tirx.PrimFunc, target: dict[str, Any], m_tile: int, hints: Hints | None = None
+) -> tuple[s_tir.Schedule, Hints] | None:
+    """(schedule, hints used) for ``func`` (the decode-fused prim_func, decode in float32; static M=1
+    when ``m_tile`` is 1, dynamic M otherwise) serving M up to ``m_tile``; None when the shape does not
+    fit the tiling (K a multiple of 32 × vec, N a multiple of ``hints.rows``)."""
     sch = s_tir.Schedule(func)
     try:
         dec, mm, epi = (sch.get_sblock(n) for n in ("decode", "matmul", "epilogue"))
     except Exception:  # noqa: BLE001 (a missing block: not our prim_func)
         return None
+    planes = [r.source for r in sch.get(dec).reads][:-1]  # the code planes, then S
     i, j, k = sch.get_loops(mm)
-    m_ext, n_ext, k_ext = (int(sch.get(x).extent) for x in (i, j, k))
-    if m_ext != 1 or n_ext % ROWS:
+    n_ext, k_ext = int(sch.get(j).extent), int(sch.get(k).extent)
+    bits0 = int(planes[0].shape[1]) * 8 // k_ext  # width of the widest plane
+    h = hints or default_hints(target, n_ext, k_ext, bits0, m_tile)
+    vec = h.load_bytes * 8 // bits0
+    if k_ext % (TX * vec) or n_ext % h.rows or vec % h.a_vec:
         return None
-    sch.compute_inline(dec)
-    plane0 = sch.get(mm).reads[1].source  # reads: A, the code planes, S (buffers)
-    vec = LOAD_BYTES if int(plane0.shape[1]) == k_ext else 32  # 16 bytes of the widest plane
-    if k_ext % (TX * vec):
-        return None
+    if m_tile > 1:
+        sch.pad_einsum(mm, [m_tile, 1, 1])  # A_pad / matmul_pad: the M tile is whole
+        sch.compute_inline(sch.get_sblock("matmul_pad"))
+    i, j, k = sch.get_loops(mm)
     ko, tx, kv = sch.split(k, [None, TX, vec])
-    jo, ty = sch.split(j, [None, ROWS])
-    sch.reorder(i, jo, ty, tx, ko, kv)
+    jo, ty = sch.split(j, [None, h.rows])
+    io, ii = sch.split(i, [None, m_tile])
+    kvo, kvi = sch.split(kv, [None, h.a_vec])
+    sch.reorder(io, jo, ty, tx, ko, kvo, ii, kvi)
     rf = sch.rfactor(tx, 0)
     sch.set_scope(rf, 0, "local")
     sch.set_scope(mm, 0, "local")
-    i, jo, ty, tx, ko, kv = sch.get_loops(rf)
+    io, jo, ty, tx, ko, kvo, ii, kvi = sch.get_loops(rf)
+    sch.bind(io, "blockIdx.y")
     sch.bind(jo, "blockIdx.x")
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
-    n_reads = len(sch.get(rf).reads)
-    for idx in range(1, n_reads - 1):  # the packed planes (after A, before S): one vector load each
-        cache = sch.cache_read(rf, idx, "local")
-        sch.compute_at(cache, ko, preserve_unit_loops=True)
-        sch.vectorize(sch.fuse(*sch.get_loops(cache)[6:]))
+    _decode_in_registers(sch, dec, ko, len(planes))
     a_cache = sch.cache_read(rf, 0, "local")
-    sch.compute_at(a_cache, ko, preserve_unit_loops=True)
-    a_loop = sch.fuse(*sch.get_loops(a_cache)[6:])
-    _, a_vec = sch.split(a_loop, [None, 8])
+    sch.compute_at(a_cache, kvo, preserve_unit_loops=True)
+    if m_tile > 1:
+        sch.compute_inline(sch.get_sblock("A_pad"))  # padded rows read as zeros
+    a_rows, a_vec = sch.get_loops(a_cache)[-2:]
     sch.vectorize(a_vec)
-    sch.unroll(kv)
+    sch.unroll(a_rows)
+    for loop in (kvo, ii, kvi):
+        sch.unroll(loop)
     sch.decompose_reduction(rf, ko)
-    sch.reverse_compute_at(mm, ty)
-    sch.bind(sch.get_loops(mm)[-1], "threadIdx.x")
+    _all_reduce(sch, mm, ty)
     sch.reverse_compute_at(epi, ty)
-    return sch
+    return sch, h
+
+
+def _decode_in_registers(sch: s_tir.Schedule, dec: Any, ko: Any, n_planes: int) -> None:
+    """The decode block at the thread step ``ko``: one vector load per code plane into registers, then
+    ``vec`` float32 weights (unrolled) in registers."""
+    sch.compute_at(dec, ko, preserve_unit_loops=True)
+    sch.set_scope(dec, 0, "local")
+    for idx in range(n_planes):
+        cache = sch.cache_read(dec, idx, "local")
+        sch.compute_at(cache, ko, preserve_unit_loops=True)
+        sch.vectorize(sch.fuse(*sch.get_loops(cache)[-2:]))
+    sch.unroll(sch.get_loops(dec)[-1])
+
+
+def _all_reduce(sch: s_tir.Schedule, mm: Any, ty: Any) -> None:
+    """Warp-shuffle all-reduce of the 32 per-thread partial sums, one row of the M tile after another."""
+    sch.reverse_compute_at(mm, ty)
+    red = sch.get_loops(mm)[3:]  # under (io, jo, ty): the rfactor'd tx loop and the M tile's rows
+    red_tx = next(lp for lp in red if int(sch.get(lp).extent) == TX)
+    if len(red) == 2:
+        sch.reorder(*(lp for lp in red if lp != red_tx), red_tx)
+    sch.bind(red_tx, "threadIdx.x")
