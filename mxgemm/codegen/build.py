@@ -229,6 +229,8 @@ def build(
     _check_shape(n, k, bs)
     if targets.is_cuda(tgt) and system.nvcc_version() is None:
         raise RuntimeError("CUDA kernels need nvcc on PATH (the CUDA toolkit); CPU kernels work without it")
+    if hints is None and op == "linear":
+        hints = tuned_hints(f.name, n, k, m_bucket, a, tgt)
     schedule = "default" if hints is None else json.dumps(hints, sort_keys=True)
     spec = KernelSpec(f.name, n, k, m_bucket, a, o, bias, bs, tgt, schedule, op)
     skey = json.dumps(spec.key(), sort_keys=True, default=str)
@@ -240,6 +242,22 @@ def build(
         with _loaded_lock:
             kernel = _loaded.setdefault(skey, kernel)
     return kernel
+
+
+def arch_name(target: dict[str, Any]) -> str:
+    """The tune-log name of a target: ``sm_90`` or ``llvm-<cpu>``."""
+    return target["arch"] if targets.is_cuda(target) else f"llvm-{target.get('mcpu') or 'generic'}"
+
+
+def tuned_hints(
+    fmt: str, n: int, k: int, m_bucket: int | None, a_dtype: str, target: dict[str, Any]
+) -> dict[str, Any] | None:
+    """Hints of the tune-log record (shipped log, then the user's) for this layer shape and bucket,
+    built with the current versions; None when there is none (the rule's defaults apply)."""
+    from mxgemm import tunelog
+
+    rec = tunelog.lookup((fmt, n, k, m_bucket, a_dtype, arch_name(target)), versions(target))
+    return dict(rec.config) if rec is not None and isinstance(rec.config, dict) else None
 
 
 def _check_shape(n: int, k: int, block_size: int) -> None:

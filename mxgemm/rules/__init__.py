@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from tvm import tirx
 
 from mxgemm.rules import cpu
+
+log = logging.getLogger(__name__)
 
 
 def schedule(
@@ -25,15 +28,17 @@ def schedule(
         from mxgemm.rules import dlight, gemv
 
         if m_bucket in gemv.M_TILES:
-            got = gemv.apply(make("float32"), target, m_bucket, gemv.Hints(**hints) if hints else None)
-            if got is not None:
-                return "gemv", got[0].mod, got[1].to_dict()
+            func = make("float32")
+            for h in _tuned(gemv.Hints, hints) + [None]:  # tuned, else the defaults
+                if (got := gemv.apply(func, target, m_bucket, h)) is not None:
+                    return "gemv", got[0].mod, got[1].to_dict()
         name, mod = dlight.apply(make(None), target, m_bucket)
         return name, mod, {}
-    scheduled = cpu.apply(make("float32"))
-    if scheduled is None:
-        return "unscheduled", tvm.IRModule({"main": make("float32")}), {}
-    return "cpu", tvm.IRModule({"main": scheduled}), {}
+    func = make("float32")
+    got = next((g for h in _tuned(dict, hints) if (g := cpu.apply(func, h))), None) or cpu.apply(func)
+    if got is None:
+        return "unscheduled", tvm.IRModule({"main": func}), {}
+    return "cpu", tvm.IRModule({"main": got[0]}), got[1]
 
 
 def schedule_decode(func: tirx.PrimFunc, target: dict[str, Any]) -> tuple[str, Any]:
@@ -49,3 +54,14 @@ def schedule_decode(func: tirx.PrimFunc, target: dict[str, Any]) -> tuple[str, A
 
         return dlight.apply(func, target, None)
     return "unscheduled", tvm.IRModule({"main": func})
+
+
+def _tuned(kind: Callable, hints: dict[str, Any] | None) -> list:
+    """``[kind(**hints)]``, or ``[]`` when there are none or they do not fit ``kind`` (logged)."""
+    if not hints:
+        return []
+    try:
+        return [kind(**hints)]
+    except (TypeError, ValueError) as e:
+        log.warning("ignoring tuned hints %s: %s", hints, e)
+        return []

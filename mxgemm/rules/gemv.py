@@ -32,6 +32,14 @@ class Hints:
     load_bytes: int = 16
     a_vec: int = 8
 
+    def __post_init__(self) -> None:
+        if (
+            self.rows not in (1, 2, 4, 8, 16)
+            or self.load_bytes not in (4, 8, 16)
+            or self.a_vec not in (2, 4, 8)
+        ):
+            raise ValueError(f"gemv hints out of range: {self}")
+
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
 
