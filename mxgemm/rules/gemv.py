@@ -56,11 +56,25 @@ def default_hints(target: dict[str, Any], n: int, k: int, plane_bits: int, m_til
 
 def candidates(n: int, m_tile: int) -> list[Hints]:
     """The hint space the tuner searches (deterministic order; only combinations that tile N)."""
-    out = []
-    for rows, load, a_vec in itertools.product((1, 2, 4, 8), (4, 8, 16), (4, 8)):
-        if n % rows == 0 and not (m_tile >= 16 and a_vec == 8 and load == 16):
-            out.append(Hints(rows, load, a_vec))
-    return out
+    space = itertools.product((1, 2, 4, 8), (4, 8, 16), (4, 8))
+    return [Hints(rows, load, a_vec) for rows, load, a_vec in space if n % rows == 0]
+
+
+def fits(h: Hints, n: int, k: int, plane_bits: int) -> bool:
+    """Whether ``h`` tiles an ``[n, k]`` weight whose widest code plane is ``plane_bits`` wide."""
+    vec = h.load_bytes * 8 // plane_bits
+    return vec > 0 and k % (TX * vec) == 0 and n % h.rows == 0 and vec % h.a_vec == 0
+
+
+def cost(h: Hints, target: dict[str, Any], n: int, k: int, plane_bits: int) -> float:
+    """Relative cost (lower is better) for ranking candidates before measuring: the weight stream
+    needs ≈ 24 KB of loads in flight per SM (Little's law at HBM3 latency); narrower loads and A
+    vectors cost a few percent of issue slots each."""
+    sms = targets.sm_count(target["arch"])
+    warps = min(n // h.rows, sms * 64 // h.rows) * h.rows  # resident warps, ≤ 64 per SM
+    inflight = warps * TX * h.load_bytes
+    starved = max(1.0, sms * 24 * 1024 / inflight)
+    return starved * (1 + 0.05 * (16 // h.load_bytes - 1)) * (1 + 0.02 * (8 // h.a_vec - 1))
 
 
 def apply(
@@ -79,9 +93,9 @@ def apply(
     n_ext, k_ext = int(sch.get(j).extent), int(sch.get(k).extent)
     bits0 = int(planes[0].shape[1]) * 8 // k_ext  # width of the widest plane
     h = hints or default_hints(target, n_ext, k_ext, bits0, m_tile)
-    vec = h.load_bytes * 8 // bits0
-    if k_ext % (TX * vec) or n_ext % h.rows or vec % h.a_vec:
+    if not fits(h, n_ext, k_ext, bits0):
         return None
+    vec = h.load_bytes * 8 // bits0
     if m_tile > 1:
         sch.pad_einsum(mm, [m_tile, 1, 1])  # A_pad / matmul_pad: the M tile is whole
         sch.compute_inline(sch.get_sblock("matmul_pad"))

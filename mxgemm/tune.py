@@ -1,0 +1,277 @@
+"""`mxgemm tune`: offline autotuning of the schedule rules' hints; the winners go to a tune log.
+
+Three steps, which one box runs back to back or two boxes split (``shared/DESIGN.md`` §3):
+
+1. build (any machine with nvcc): per task — (format, N, K, M bucket, activation dtype, arch) — the
+   rule's candidate hints, ranked by a simple cost model, top ``budget`` plus the defaults, are built
+   into a kernel directory with a manifest (``tune_manifest.json``);
+2. measure (the GPU box, TVM runtime only; or this CPU for LLVM targets): every candidate is timed the
+   way ``mxgemm bench`` times (CUDA graphs over rotating weight copies; CPU: median wall time), results
+   to ``tune_measurements.jsonl``;
+3. merge: the fastest candidate per task goes into the tune log (`mxgemm.tunelog`).
+
+Tasks the log already has (same versions) are skipped, so an interrupted run resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mxgemm import formats, tunelog
+from mxgemm.codegen import build as builder
+from mxgemm.codegen import target as targets
+
+MANIFEST = "tune_manifest.json"
+MEASUREMENTS = "tune_measurements.jsonl"
+DEFAULT_MS = (1, 16, 64, 256, 1024, 4096)
+
+
+class TuneError(ValueError):
+    """Bad tuning input (model dir, shapes, budget, kernel directory)."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One (format, N, K, M bucket, activation dtype, arch) to tune."""
+
+    fmt: str
+    n: int
+    k: int
+    m_bucket: int | None
+    a_dtype: str
+    arch: str
+
+    def key(self) -> tuple:
+        return (self.fmt, self.n, self.k, self.m_bucket, self.a_dtype, self.arch)
+
+    def target(self) -> dict[str, Any]:
+        return targets.cpu() if self.arch.startswith("llvm") else targets.cuda(self.arch)
+
+
+def model_shapes(model_dir: str | Path) -> list[tuple[int, int]]:
+    """(N, K) of a decoder's projections from its ``config.json``: q, k, v, o, gate, up, down
+    (lm_head excluded), deduplicated in that order."""
+    path = Path(model_dir) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+        h, inter, heads = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_attention_heads"]
+    except (OSError, ValueError, KeyError) as e:
+        raise TuneError(f"{path}: needs hidden_size, intermediate_size, num_attention_heads ({e})") from e
+    kv = cfg.get("num_key_value_heads") or heads
+    hd = cfg.get("head_dim") or h // heads
+    shapes = [(heads * hd, h), (kv * hd, h), (h, heads * hd), (inter, h), (h, inter)]
+    return list(dict.fromkeys(shapes))
+
+
+def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[str]]:
+    """(tasks with tunable hints, notes on what was left out and why)."""
+    from mxgemm.ops import plan
+    from mxgemm.rules import gemv
+
+    cuda = not arch.startswith("llvm")
+    out, notes = [], []
+    for fmt in fmts:
+        f = formats.get(fmt)
+        for n, k in shapes:
+            if k % f.block_size:
+                raise TuneError(f"shape {n},{k}: k is not a multiple of {fmt}'s block size {f.block_size}")
+            for m in ms:
+                op, bucket = plan(m, "cuda" if cuda else "cpu")
+                if cuda and (op == "decode" or bucket not in gemv.M_TILES):
+                    notes.append(f"M={m}: decode + cuBLAS, no hints to tune")
+                    continue
+                out.append(Task(fmt, n, k, bucket, a_dtype, arch))
+    return list(dict.fromkeys(out)), list(dict.fromkeys(notes))
+
+
+def candidates(task: Task, budget: int) -> list[dict[str, Any]]:
+    """The rule's defaults first, then up to ``budget - 1`` other hints that fit the shape, cheapest
+    first by the cost model (deterministic)."""
+    if task.arch.startswith("llvm"):
+        from mxgemm.rules import cpu
+
+        cands = cpu.candidates(task.n)
+        default = {"n_tile": next(t for t in cpu.N_TILES if task.n % t == 0)}
+        rest = [c for c in cands if c != default]
+        return [default, *rest][: max(1, budget)]
+    from mxgemm.layout import plane_widths
+    from mxgemm.rules import gemv
+
+    bits0 = plane_widths(formats.get(task.fmt).bits)[0]
+    tgt = task.target()
+    default = gemv.default_hints(tgt, task.n, task.k, bits0, task.m_bucket)
+    fits = [h for h in gemv.candidates(task.n, task.m_bucket) if gemv.fits(h, task.n, task.k, bits0)]
+    rest = sorted((h for h in fits if h != default), key=lambda h: gemv.cost(h, tgt, task.n, task.k, bits0))
+    return [h.to_dict() for h in [default, *rest][: max(1, budget)]]
+
+
+# ---- step 1: build ---------------------------------------------------------------------------------
+
+
+def _build_one(item: tuple[Task, dict[str, Any]]) -> dict[str, Any]:
+    task, hints = item
+    t0 = time.perf_counter()
+    kern = builder.build(
+        task.fmt, n=task.n, k=task.k, m_bucket=task.m_bucket, a_dtype=task.a_dtype, target=task.target(),
+        hints=hints,
+    )  # fmt: skip
+    return {
+        "task": asdict(task),
+        "hints": kern.info.get("hints", hints),
+        "requested": hints,
+        "rule": kern.rule,
+        "path": str(kern.path),
+        "versions": builder.versions(kern.spec.target),
+        "build_s": time.perf_counter() - t0,
+    }
+
+
+def build(todo: list[Task], budget: int, out_dir: Path, jobs: int = 2, progress=None) -> list[dict[str, Any]]:
+    """Build every candidate of ``todo`` into the kernel cache; write the manifest to ``out_dir``."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    items = [(t, h) for t in todo for h in candidates(t, budget)]
+    entries = []
+    with ProcessPoolExecutor(jobs) as pool:
+        for e in pool.map(_build_one, items):
+            entries.append(e)
+            if progress:
+                progress(e)
+    root = Path(out_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    for e in entries:  # paths relative to the kernel directory, so the directory can travel
+        p = Path(e["path"])
+        e["path"] = str(p.relative_to(root.resolve())) if p.is_relative_to(root.resolve()) else str(p)
+    (root / MANIFEST).write_text(json.dumps(entries, indent=1))
+    return entries
+
+
+# ---- step 2: measure -------------------------------------------------------------------------------
+
+
+def _inputs(task: Task, device: torch.device, copies: int):
+    from mxgemm.layout import plane_widths, to_planes
+    from mxgemm.reference import quantize
+
+    g = torch.Generator().manual_seed(task.n * 31 + task.k)
+    q = quantize(torch.randn(task.n, task.k, generator=g) * 0.02, task.fmt)
+    bits = formats.get(task.fmt).bits
+    planes = [q.blocks] if len(plane_widths(bits)) == 1 else to_planes(q.blocks, bits)
+    weights = [[p.to(device) for p in [*planes, q.scales]] for _ in range(copies)]
+    m = task.m_bucket or 64
+    x = torch.randn(m, task.k, generator=g).to(getattr(torch, task.a_dtype)).to(device)
+    y = torch.empty(m, task.n, dtype=x.dtype, device=device)
+    return x, weights, y, q.nbytes
+
+
+def _time(kernel: builder.Kernel, task: Task) -> float:
+    """Median µs of one launch (CUDA: graph of rotating weight copies, as `mxgemm bench`)."""
+    from mxgemm import bench
+
+    cuda = not task.arch.startswith("llvm")
+    dev = torch.device("cuda" if cuda else "cpu")
+    probe = _inputs(task, dev, 1)
+    copies = bench._copies(probe[3]) if cuda else 1
+    x, weights, y, _ = _inputs(task, dev, copies) if copies > 1 else probe
+    calls = [lambda w=w: kernel(x, *w, y) for w in weights]
+    if cuda:
+        import tvm_ffi
+
+        with tvm_ffi.use_torch_stream():
+            return bench._time_graph(bench._cycle(calls))
+    calls[0]()
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        calls[0]()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def measure(kernel_dir: str | Path, progress=None) -> list[tunelog.Record]:
+    """Time every candidate of the manifest in ``kernel_dir``; also written to its measurements file."""
+    root = Path(kernel_dir)
+    try:
+        entries = json.loads((root / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        raise TuneError(
+            f"{root / MANIFEST}: no readable tune manifest ({e}); run `mxgemm tune --build-only`"
+        ) from e
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    records = []
+    for e in entries:
+        task = Task(**e["task"])
+        if not task.arch.startswith("llvm") and not torch.cuda.is_available():
+            raise TuneError(f"{task.arch} kernels need a CUDA GPU to measure")
+        spec = builder.KernelSpec(
+            task.fmt, task.n, task.k, task.m_bucket, task.a_dtype, task.a_dtype, False,
+            formats.get(task.fmt).block_size, task.target(),
+        )  # fmt: skip
+        path = Path(e["path"]) if Path(e["path"]).is_absolute() else root / e["path"]
+        kernel = builder.Kernel(spec, path, {"rule": e["rule"], "hints": e["hints"]})
+        us = _time(kernel, task)
+        rec = tunelog.Record(
+            **asdict(task), rule=e["rule"], config=e["hints"], us=us, gpu=gpu, versions=e["versions"]
+        )
+        records.append(rec)
+        if progress:
+            progress(rec)
+    with open(root / MEASUREMENTS, "w") as f:
+        f.writelines(json.dumps(asdict(r), sort_keys=True) + "\n" for r in records)
+    return records
+
+
+# ---- step 3: merge ---------------------------------------------------------------------------------
+
+
+def merge(kernel_dir: str | Path, log_path: str | Path) -> list[tunelog.Record]:
+    """The fastest measured candidate per task, merged into the log at ``log_path``; returns them."""
+    measured = tunelog.read(Path(kernel_dir) / MEASUREMENTS)
+    if not measured:
+        raise TuneError(
+            f"{Path(kernel_dir) / MEASUREMENTS}: no measurements; run `mxgemm tune --measure` first"
+        )
+    best: dict[tuple, tunelog.Record] = {}
+    for r in measured:
+        if r.key() not in best or r.us < best[r.key()].us:
+            best[r.key()] = r
+    winners = list(best.values())
+    tunelog.merge(log_path, winners, winners[0].versions)
+    return winners
+
+
+def summary(records: list[tunelog.Record]) -> str:
+    """Markdown table per task: default hints' µs, the best µs, the gain and the winning hints (the
+    first record of a task is its default candidate)."""
+    rows = [
+        "| format | N | K | M bucket | default µs | tuned µs | gain | hints |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    seen: dict[tuple, list[tunelog.Record]] = {}
+    for r in records:
+        seen.setdefault(r.key(), []).append(r)
+    for rs in seen.values():
+        d, b = rs[0], min(rs, key=lambda r: r.us)
+        hints = " ".join(f"{k}={v}" for k, v in b.config.items())
+        gain = d.us / b.us
+        rows.append(
+            f"| {d.fmt} | {d.n} | {d.k} | {d.m_bucket} | {d.us:.1f} | {b.us:.1f} | {gain:.2f}x | {hints} |"
+        )
+    return "\n".join(rows)
+
+
+def pending(todo: list[Task], log_path: Path) -> list[Task]:
+    """Tasks the log has no current-version record for (resumability)."""
+    done = set()
+    for t in todo:
+        versions = builder.versions(t.target())
+        if tunelog.lookup(t.key(), versions, [log_path]) is not None:
+            done.add(t)
+    return [t for t in todo if t not in done]
