@@ -89,6 +89,82 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _budget(text: str) -> tuple[int, float | None]:
+    """``"8"`` → 8 candidates per task; ``"60s"`` → every candidate, at most 60 s of measuring a task."""
+    try:
+        return (64, float(text[:-1])) if text.endswith("s") else (int(text), None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"budget must be a count (8) or seconds (60s), got {text!r}"
+        ) from None
+
+
+def _tune(args: argparse.Namespace) -> int:
+    import os
+    import tempfile
+
+    from mxgemm import tune, tunelog
+
+    try:
+        if args.merge:
+            winners = tune.merge(args.merge, args.log or tunelog.user_log(args.arch))
+            print(f"merged {len(winners)} records into {args.log or tunelog.user_log(args.arch)}")
+            return 0
+        if args.measure:
+            return _tune_measure(args, args.measure)
+        shapes = tune.model_shapes(args.model) if args.model else [_ints(s) for s in args.shapes or []]
+        if not shapes:
+            raise tune.TuneError("give --model MODEL_DIR or --shapes N,K ...")
+        fmts = args.format.split(",") if args.format else list(mxgemm.formats.names())
+        todo, notes = tune.tasks(shapes, fmts, _ints(args.m), args.a_dtype, args.arch)
+        for note in notes:
+            print(f"skipped {note}")
+        log = Path(args.log) if args.log else tunelog.user_log(args.arch)
+        todo = tune.pending(todo, log)
+        print(f"{len(todo)} task(s) to tune ({len(shapes)} shape(s) x {len(fmts)} format(s)); log {log}")
+        if not todo:
+            return 0
+        count = args.budget[0]
+        n_cands = sum(len(tune.candidates(t, count)) for t in todo)
+        if args.build_only:
+            os.environ["MXGEMM_CACHE_DIR"] = args.build_only  # the kernels travel with the manifest
+            _tune_build(args, todo, Path(args.build_only), n_cands)
+            print(f"built {n_cands} candidate kernels into {args.build_only}; next: --measure there")
+            return 0
+        with tempfile.TemporaryDirectory(prefix="mxgemm-tune-") as kdir:  # manifest + measurements
+            _tune_build(args, todo, Path(kdir), n_cands)
+            _tune_measure(args, kdir)
+            winners = tune.merge(kdir, log)
+        print(f"merged {len(winners)} records into {log}")
+    except (tune.TuneError, ValueError) as e:
+        print(f"mxgemm tune: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _tune_build(args: argparse.Namespace, todo, kdir: Path, n_cands: int) -> None:
+    from tqdm import tqdm
+
+    from mxgemm import tune
+
+    with tqdm(total=n_cands, desc="build", unit="kernel") as bar:
+        tune.build(todo, args.budget[0], kdir, jobs=args.jobs, progress=lambda e: bar.update())
+
+
+def _tune_measure(args: argparse.Namespace, kdir) -> int:
+    from tqdm import tqdm
+
+    from mxgemm import tune
+
+    with tqdm(desc="measure", unit="kernel") as bar:
+        records = tune.measure(kdir, seconds=args.budget[1], progress=lambda r: bar.update())
+    print(tune.summary(records))
+    if args.table:
+        Path(args.table).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.table).write_text(tune.summary(records) + "\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mxgemm", description=mxgemm.__doc__)
     p.add_argument("--version", action="version", version=f"mxgemm {mxgemm.__version__}")
@@ -144,6 +220,32 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--arch", default="sm_90", help="arch for --build-only")
     b.add_argument("--jobs", type=int, default=2, help="parallel builds for --build-only")
     b.set_defaults(func=_bench)
+    t = sub.add_parser(
+        "tune",
+        help="offline autotuning: build candidate schedules, measure them, keep the fastest in a tune log",
+    )
+    src = t.add_mutually_exclusive_group()
+    src.add_argument(
+        "--model", type=Path, help="HF model dir: its config.json gives q/k/v/o/gate/up/down shapes"
+    )
+    src.add_argument("--shapes", nargs="+", help="N,K pairs")
+    t.add_argument("--format", help="comma list of formats (default: all)")
+    t.add_argument("--m", default=",".join(map(str, (1, 16, 64, 256, 1024, 4096))), help="comma list of M")
+    t.add_argument("--arch", default="sm_90", help="sm_80, sm_90, ... or llvm-<cpu> (this CPU, LLVM)")
+    t.add_argument("--a-dtype", default="float16", choices=("float16", "bfloat16"))
+    t.add_argument(
+        "--budget", type=_budget, default=(8, None), help="candidates per task (8) or seconds (60s)"
+    )
+    t.add_argument("--log", help="tune log to merge into (default: the user log of the arch)")
+    t.add_argument("--jobs", type=int, default=2, help="parallel builds")
+    t.add_argument("--table", help="also write the tuned-vs-default markdown table here")
+    step = t.add_mutually_exclusive_group()
+    step.add_argument(
+        "--build-only", metavar="DIR", help="only build the candidates into DIR (no GPU needed)"
+    )
+    step.add_argument("--measure", metavar="DIR", help="only measure the candidates built into DIR")
+    step.add_argument("--merge", metavar="DIR", help="only merge DIR's measurements into the log")
+    t.set_defaults(func=_tune)
     return p
 
 

@@ -195,8 +195,9 @@ def _time(kernel: builder.Kernel, task: Task) -> float:
     return statistics.median(times)
 
 
-def measure(kernel_dir: str | Path, progress=None) -> list[tunelog.Record]:
-    """Time every candidate of the manifest in ``kernel_dir``; also written to its measurements file."""
+def measure(kernel_dir: str | Path, seconds: float | None = None, progress=None) -> list[tunelog.Record]:
+    """Time every candidate of the manifest in ``kernel_dir`` (at most ``seconds`` per task, the
+    default candidate always); also written to its measurements file."""
     root = Path(kernel_dir)
     try:
         entries = json.loads((root / MANIFEST).read_text())
@@ -206,8 +207,12 @@ def measure(kernel_dir: str | Path, progress=None) -> list[tunelog.Record]:
         ) from e
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     records = []
+    started: dict[Task, float] = {}
     for e in entries:
         task = Task(**e["task"])
+        t0 = started.setdefault(task, time.perf_counter())
+        if seconds is not None and time.perf_counter() - t0 > seconds:
+            continue
         if not task.arch.startswith("llvm") and not torch.cuda.is_available():
             raise TuneError(f"{task.arch} kernels need a CUDA GPU to measure")
         spec = builder.KernelSpec(

@@ -1,0 +1,123 @@
+"""`mxgemm tune`: shapes from a model config, tasks, deterministic valid candidates, and the whole
+build → measure → merge flow end to end on this CPU (LLVM kernels, measured here), split and one-box."""
+
+import json
+
+import pytest
+import torch
+
+import mxgemm
+from mxgemm import cli, tune, tunelog
+from mxgemm.codegen import build as builder
+from mxgemm.codegen import target as targets
+from mxgemm.layout import plane_widths
+from mxgemm.rules import gemv
+
+CPU = builder.arch_name(targets.cpu())
+LLAMA3_8B = {
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+}
+
+
+def test_model_shapes_from_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
+    assert tune.model_shapes(tmp_path) == [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336)]
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(tune.TuneError, match="config.json: needs hidden_size"):
+        tune.model_shapes(tmp_path)
+
+
+def test_tasks_cover_the_tunable_buckets():
+    todo, notes = tune.tasks([(4096, 4096)], ["mxfp4"], (1, 2, 16, 64, 4096), "float16", "sm_90")
+    assert [t.m_bucket for t in todo] == [1, 4, 16]
+    assert notes == ["M=64: decode + cuBLAS, no hints to tune", "M=4096: decode + cuBLAS, no hints to tune"]
+    cpu_tasks, _ = tune.tasks([(64, 256)], ["mxfp4"], (1, 4096), "float16", CPU)
+    assert [t.m_bucket for t in cpu_tasks] == [None]  # one dynamic-M kernel on CPU
+    with pytest.raises(tune.TuneError, match="block size 32"):
+        tune.tasks([(64, 100)], ["mxfp4"], (1,), "float16", "sm_90")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "bfp3"])
+@pytest.mark.parametrize("m_bucket", [1, 16])
+def test_gemv_candidates_deterministic_and_valid(arch, fmt, m_bucket):
+    task = tune.Task(fmt, 11008, 4096, m_bucket, "float16", arch)
+    cands = tune.candidates(task, 8)
+    assert cands == tune.candidates(task, 8) and len(cands) == 8
+    bits0 = plane_widths(mxgemm.formats.get(fmt).bits)[0]
+    default = gemv.default_hints(targets.cuda(arch), 11008, 4096, bits0, m_bucket)
+    assert cands[0] == default.to_dict() and len({json.dumps(c) for c in cands}) == 8
+    assert all(gemv.fits(gemv.Hints(**c), 11008, 4096, bits0) for c in cands)
+
+
+@pytest.mark.nvcc
+def test_every_gemv_candidate_builds():
+    task = tune.Task("mxfp4", 256, 2048, 16, "float16", "sm_90")
+    for hints in tune.candidates(task, 64):
+        k = mxgemm.build("mxfp4", n=256, k=2048, m_bucket=16, target="sm_90", hints=hints)
+        assert k.rule == "gemv" and k.info["hints"] == hints
+
+
+def _cli(*args):
+    return cli.main(["tune", *args])
+
+
+def test_tune_end_to_end_on_cpu(tmp_path, capsys):
+    """One box: build, measure, merge; a second run has nothing to do; the log steers `mxgemm.build`."""
+    log = tmp_path / "log.json"
+    args = ["--shapes", "64,256", "--format", "mxfp4", "--arch", CPU, "--log", str(log), "--budget", "3"]
+    assert _cli(*args, "--table", str(tmp_path / "t.md")) == 0
+    out = capsys.readouterr().out
+    assert "1 task(s) to tune" in out and "| mxfp4 | 64 | 256 | None |" in out
+    (rec,) = tunelog.read(log)
+    assert rec.rule == "cpu" and rec.config["n_tile"] in (16, 8, 4) and rec.us > 0
+    assert rec.versions == builder.versions(targets.cpu())
+    assert _cli(*args) == 0 and "0 task(s) to tune" in capsys.readouterr().out
+
+
+def test_build_uses_the_tuned_hints(tmp_path, monkeypatch):
+    """A current-version record's hints are used by `mxgemm.build`; a stale one is ignored."""
+    log = tmp_path / "user.json"
+    monkeypatch.setenv("MXGEMM_TUNE_LOG", str(log))
+    tgt = targets.cpu()
+    rec = tunelog.Record(
+        "bfp4", 48, 128, None, "float16", CPU, "cpu", {"n_tile": 4}, 1.0, "cpu", builder.versions(tgt)
+    )
+    stale = tunelog.Record(
+        "bfp4", 48, 256, None, "float16", CPU, "cpu", {"n_tile": 2}, 1.0, "cpu", {"mxgemm": "0"}
+    )
+    tunelog.merge(log, [rec, stale])
+    assert mxgemm.build("bfp4", n=48, k=128).info["hints"] == {"n_tile": 4}
+    assert mxgemm.build("bfp4", n=48, k=256).info["hints"] == {"n_tile": 16}
+    q = mxgemm.quantize(torch.randn(48, 128), "bfp4")
+    x = torch.randn(3, 128, dtype=torch.float16)
+    ref = x.float() @ mxgemm.dequantize(q).T
+    torch.testing.assert_close(mxgemm.linear(x, q).float(), ref, rtol=2e-3, atol=1e-3)
+
+
+def test_tune_split_build_measure_merge(tmp_path, capsys):
+    kdir, log = tmp_path / "kernels", tmp_path / "log.json"
+    common = ["--shapes", "32,128", "--format", "bfp5", "--arch", CPU, "--budget", "2", "--log", str(log)]
+    assert _cli(*common, "--build-only", str(kdir)) == 0
+    manifest = json.loads((kdir / tune.MANIFEST).read_text())
+    assert len(manifest) == 2 and all((kdir / e["path"]).exists() for e in manifest)  # travels with DIR
+    assert not log.exists()
+    assert _cli(*common, "--measure", str(kdir)) == 0
+    assert len((kdir / tune.MEASUREMENTS).read_text().splitlines()) == 2
+    assert _cli(*common, "--merge", str(kdir)) == 0
+    (rec,) = tunelog.read(log)
+    assert rec.fmt == "bfp5" and rec.n == 32 and rec.k == 128
+
+
+def test_tune_bad_input(tmp_path, capsys):
+    assert _cli("--model", str(tmp_path), "--arch", CPU) == 2
+    assert "config.json" in capsys.readouterr().err
+    assert _cli("--measure", str(tmp_path)) == 2
+    assert "no readable tune manifest" in capsys.readouterr().err
+    assert _cli("--merge", str(tmp_path)) == 2
+    assert "no measurements" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _cli("--shapes", "64,256", "--budget", "lots")
