@@ -157,16 +157,18 @@ def build(todo: list[Task], budget: int, out_dir: Path, jobs: int = 2, progress=
 
 
 def _inputs(task: Task, device: torch.device, copies: int):
+    """Activations ``[M bucket (64 if unbounded), k]``, ``copies`` copies of a random weight's code
+    planes + scales (quantized on ``device``), an output buffer, and the weight's bytes."""
     from mxgemm.layout import plane_widths, to_planes
     from mxgemm.reference import quantize
 
-    g = torch.Generator().manual_seed(task.n * 31 + task.k)
-    q = quantize(torch.randn(task.n, task.k, generator=g) * 0.02, task.fmt)
+    g = torch.Generator(device).manual_seed(task.n * 31 + task.k)
+    q = quantize(torch.randn(task.n, task.k, generator=g, device=device) * 0.02, task.fmt)
     bits = formats.get(task.fmt).bits
     planes = [q.blocks] if len(plane_widths(bits)) == 1 else to_planes(q.blocks, bits)
-    weights = [[p.to(device) for p in [*planes, q.scales]] for _ in range(copies)]
+    weights = [[t.clone() for t in [*planes, q.scales]] for _ in range(copies)]
     m = task.m_bucket or 64
-    x = torch.randn(m, task.k, generator=g).to(getattr(torch, task.a_dtype)).to(device)
+    x = torch.randn(m, task.k, generator=g, device=device).to(getattr(torch, task.a_dtype))
     y = torch.empty(m, task.n, dtype=x.dtype, device=device)
     return x, weights, y, q.nbytes
 
@@ -177,9 +179,8 @@ def _time(kernel: builder.Kernel, task: Task) -> float:
 
     cuda = not task.arch.startswith("llvm")
     dev = torch.device("cuda" if cuda else "cpu")
-    probe = _inputs(task, dev, 1)
-    copies = bench._copies(probe[3]) if cuda else 1
-    x, weights, y, _ = _inputs(task, dev, copies) if copies > 1 else probe
+    nbytes = task.n * task.k * formats.get(task.fmt).bits // 8
+    x, weights, y, _ = _inputs(task, dev, bench._copies(nbytes) if cuda else 1)
     calls = [lambda w=w: kernel(x, *w, y) for w in weights]
     if cuda:
         import tvm_ffi
