@@ -134,7 +134,12 @@ def test_cuda_compiles_every_format(fmt):
 def test_cuda_rules_by_bucket():
     gemv = mxgemm.build("mxfp4", n=256, k=1024, m_bucket=1, a_dtype="float16", target="sm_90")
     assert gemv.rule == "gemv" and "uint4" in gemv.source  # ours: 16-byte weight loads
-    assert gemv.info["hints"] == {"rows": 1, "load_bytes": 16, "a_vec": 8}  # N=256: one warp a block
+    assert gemv.info["hints"] == {
+        "rows": 1,
+        "load_bytes": 16,
+        "a_vec": 8,
+        "a_shared": False,
+    }  # N=256: a warp a block
     tuned = mxgemm.build(
         "mxfp4", n=256, k=1024, m_bucket=4, target="sm_90", hints={"rows": 2, "load_bytes": 8, "a_vec": 4}
     )

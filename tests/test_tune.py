@@ -13,7 +13,14 @@ from mxgemm.codegen import target as targets
 from mxgemm.layout import plane_widths
 from mxgemm.rules import gemv
 
-CPU = builder.arch_name(targets.cpu())
+
+@pytest.fixture(scope="module")
+def cpu_arch():
+    return builder.arch_name(
+        targets.cpu()
+    )  # needs TVM's LLVM support: not at import (GPU boxes run tests too)
+
+
 LLAMA3_8B = {
     "hidden_size": 4096,
     "intermediate_size": 14336,
@@ -30,11 +37,11 @@ def test_model_shapes_from_config(tmp_path):
         tune.model_shapes(tmp_path)
 
 
-def test_tasks_cover_the_tunable_buckets():
+def test_tasks_cover_the_tunable_buckets(cpu_arch):
     todo, notes = tune.tasks([(4096, 4096)], ["mxfp4"], (1, 2, 16, 64, 4096), "float16", "sm_90")
     assert [t.m_bucket for t in todo] == [1, 4, 16]
     assert notes == ["M=64: decode + cuBLAS, no hints to tune", "M=4096: decode + cuBLAS, no hints to tune"]
-    cpu_tasks, _ = tune.tasks([(64, 256)], ["mxfp4"], (1, 4096), "float16", CPU)
+    cpu_tasks, _ = tune.tasks([(64, 256)], ["mxfp4"], (1, 4096), "float16", cpu_arch)
     assert [t.m_bucket for t in cpu_tasks] == [None]  # one dynamic-M kernel on CPU
     with pytest.raises(tune.TuneError, match="block size 32"):
         tune.tasks([(64, 100)], ["mxfp4"], (1,), "float16", "sm_90")
@@ -65,10 +72,10 @@ def _cli(*args):
     return cli.main(["tune", *args])
 
 
-def test_tune_end_to_end_on_cpu(tmp_path, capsys):
+def test_tune_end_to_end_on_cpu(tmp_path, capsys, cpu_arch):
     """One box: build, measure, merge; a second run has nothing to do; the log steers `mxgemm.build`."""
     log = tmp_path / "log.json"
-    args = ["--shapes", "64,256", "--format", "mxfp4", "--arch", CPU, "--log", str(log), "--budget", "3"]
+    args = ["--shapes", "64,256", "--format", "mxfp4", "--arch", cpu_arch, "--log", str(log), "--budget", "3"]
     assert _cli(*args, "--table", str(tmp_path / "t.md")) == 0
     out = capsys.readouterr().out
     assert "1 task(s) to tune" in out and "| mxfp4 | 64 | 256 | None |" in out
@@ -78,16 +85,16 @@ def test_tune_end_to_end_on_cpu(tmp_path, capsys):
     assert _cli(*args) == 0 and "0 task(s) to tune" in capsys.readouterr().out
 
 
-def test_build_uses_the_tuned_hints(tmp_path, monkeypatch):
+def test_build_uses_the_tuned_hints(tmp_path, monkeypatch, cpu_arch):
     """A current-version record's hints are used by `mxgemm.build`; a stale one is ignored."""
     log = tmp_path / "user.json"
     monkeypatch.setenv("MXGEMM_TUNE_LOG", str(log))
     tgt = targets.cpu()
     rec = tunelog.Record(
-        "bfp4", 48, 128, None, "float16", CPU, "cpu", {"n_tile": 4}, 1.0, "cpu", builder.versions(tgt)
+        "bfp4", 48, 128, None, "float16", cpu_arch, "cpu", {"n_tile": 4}, 1.0, "cpu", builder.versions(tgt)
     )
     stale = tunelog.Record(
-        "bfp4", 48, 256, None, "float16", CPU, "cpu", {"n_tile": 2}, 1.0, "cpu", {"mxgemm": "0"}
+        "bfp4", 48, 256, None, "float16", cpu_arch, "cpu", {"n_tile": 2}, 1.0, "cpu", {"mxgemm": "0"}
     )
     tunelog.merge(log, [rec, stale])
     assert mxgemm.build("bfp4", n=48, k=128).info["hints"] == {"n_tile": 4}
@@ -98,9 +105,20 @@ def test_build_uses_the_tuned_hints(tmp_path, monkeypatch):
     torch.testing.assert_close(mxgemm.linear(x, q).float(), ref, rtol=2e-3, atol=1e-3)
 
 
-def test_tune_split_build_measure_merge(tmp_path, capsys):
+def test_tune_split_build_measure_merge(tmp_path, capsys, cpu_arch):
     kdir, log = tmp_path / "kernels", tmp_path / "log.json"
-    common = ["--shapes", "32,128", "--format", "bfp5", "--arch", CPU, "--budget", "2", "--log", str(log)]
+    common = [
+        "--shapes",
+        "32,128",
+        "--format",
+        "bfp5",
+        "--arch",
+        cpu_arch,
+        "--budget",
+        "2",
+        "--log",
+        str(log),
+    ]
     assert _cli(*common, "--build-only", str(kdir)) == 0
     manifest = json.loads((kdir / tune.MANIFEST).read_text())
     assert len(manifest) == 2 and all((kdir / e["path"]).exists() for e in manifest)  # travels with DIR
@@ -112,8 +130,8 @@ def test_tune_split_build_measure_merge(tmp_path, capsys):
     assert rec.fmt == "bfp5" and rec.n == 32 and rec.k == 128
 
 
-def test_tune_bad_input(tmp_path, capsys):
-    assert _cli("--model", str(tmp_path), "--arch", CPU) == 2
+def test_tune_bad_input(tmp_path, capsys, cpu_arch):
+    assert _cli("--model", str(tmp_path), "--arch", cpu_arch) == 2
     assert "config.json" in capsys.readouterr().err
     assert _cli("--measure", str(tmp_path)) == 2
     assert "no readable tune manifest" in capsys.readouterr().err

@@ -26,11 +26,14 @@ M_TILES = (1, 4, 16)  # M buckets this rule serves
 @dataclass(frozen=True)
 class Hints:
     """Tunable knobs. rows: output rows (warps) per thread block; load_bytes: bytes of the widest code
-    plane each thread loads per step (4, 8, 16); a_vec: activations per vector load of A (4 or 8)."""
+    plane each thread loads per step (4, 8, 16); a_vec: activations per vector load of A (2, 4, 8);
+    a_shared: stage each step's A tile in shared memory, read once per block instead of once per warp
+    (pays off when several rows of A are read)."""
 
     rows: int = 4
     load_bytes: int = 16
     a_vec: int = 8
+    a_shared: bool = False
 
     def __post_init__(self) -> None:
         if (
@@ -51,13 +54,16 @@ def default_hints(target: dict[str, Any], n: int, k: int, plane_bits: int, m_til
     sms = targets.sm_count(target["arch"])
     load = next((b for b in (16, 8, 4) if k % (TX * b * 8 // plane_bits) == 0), 16)
     rows = next((r for r in (8, 4, 2) if n % r == 0 and n // r >= 4 * sms), 1)
-    return Hints(rows=rows, load_bytes=load, a_vec=4 if m_tile >= 16 or load < 16 and plane_bits == 8 else 8)
+    a_vec = 4 if m_tile >= 16 or load < 16 and plane_bits == 8 else 8
+    return Hints(rows=rows, load_bytes=load, a_vec=a_vec, a_shared=m_tile > 1)
 
 
 def candidates(n: int, m_tile: int) -> list[Hints]:
-    """The hint space the tuner searches (deterministic order; only combinations that tile N)."""
-    space = itertools.product((1, 2, 4, 8), (4, 8, 16), (4, 8))
-    return [Hints(rows, load, a_vec) for rows, load, a_vec in space if n % rows == 0]
+    """The hint space the tuner searches (deterministic order; only combinations that tile N; the
+    same for every M tile)."""
+    del m_tile
+    space = itertools.product((1, 2, 4, 8), (4, 8, 16), (4, 8), (False, True))
+    return [Hints(*h) for h in space if n % h[0] == 0]
 
 
 def fits(h: Hints, n: int, k: int, plane_bits: int) -> bool:
@@ -114,9 +120,11 @@ def apply(
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
     _decode_in_registers(sch, dec, ko, len(planes))
+    if h.a_shared:
+        _a_through_shared(sch, rf, ko, h.rows, m_tile)
     a_cache = sch.cache_read(rf, 0, "local")
     sch.compute_at(a_cache, kvo, preserve_unit_loops=True)
-    if m_tile > 1:
+    if m_tile > 1 and not h.a_shared:
         sch.compute_inline(sch.get_sblock("A_pad"))  # padded rows read as zeros
     a_rows, a_vec = sch.get_loops(a_cache)[-2:]
     sch.vectorize(a_vec)
@@ -139,6 +147,20 @@ def _decode_in_registers(sch: s_tir.Schedule, dec: Any, ko: Any, n_planes: int) 
         sch.compute_at(cache, ko, preserve_unit_loops=True)
         sch.vectorize(sch.fuse(*sch.get_loops(cache)[-2:]))
     sch.unroll(sch.get_loops(dec)[-1])
+
+
+def _a_through_shared(sch: s_tir.Schedule, rf: Any, ko: Any, rows: int, m_tile: int) -> None:
+    """Stage each step's A tile ``[m_tile, 32 × vec]`` in shared memory, loaded once per block by all
+    its threads in 16-byte pieces (the block's warps then read it instead of each reading A)."""
+    a_sh = sch.cache_read(rf, 0, "shared")
+    sch.compute_at(a_sh, ko, preserve_unit_loops=True)
+    if m_tile > 1:
+        sch.compute_inline(sch.get_sblock("A_pad"))  # padded rows read as zeros
+    fused = sch.fuse(*sch.get_loops(a_sh)[-2:])
+    _, f_ty, f_tx, f_vec = sch.split(fused, [None, rows, TX, 8])
+    sch.bind(f_ty, "threadIdx.y")
+    sch.bind(f_tx, "threadIdx.x")
+    sch.vectorize(f_vec)
 
 
 def _all_reduce(sch: s_tir.Schedule, mm: Any, ty: Any) -> None:
