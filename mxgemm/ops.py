@@ -7,6 +7,8 @@ for the device's arch on the current torch stream.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from mxgemm import formats, layout
@@ -20,11 +22,22 @@ FP16_MAX = 65504.0
 DECODE_ABOVE = 16  # CUDA, more rows than this: decode W once in 16 bits, then cuBLAS (see `plan`)
 
 
+def decode_chunk_rows(n: int, k: int) -> int:
+    """Rows of W decoded per step on the decode + cuBLAS path: about ``$MXGEMM_DECODE_CHUNK_MB`` (16)
+    MB of 16-bit weights, so the chunk is still in L2 when cuBLAS reads it and W never travels to
+    HBM in 16 bits; a multiple of 64 rows that divides ``n`` (aligned slices), else all of ``n``."""
+    target = int(float(os.environ.get("MXGEMM_DECODE_CHUNK_MB", "16")) * (1 << 20)) // (2 * k)
+    if target <= 0 or n <= target:
+        return n
+    rows = next((r for r in range(target - target % 64, 0, -64) if n % r == 0), 0)
+    return rows if rows * 4 >= target else n
+
+
 def plan(m: int, device_type: str) -> tuple[str, int | None]:
     """How ``m`` rows run: ``("linear", bucket)``, the decode-fused kernel of that M bucket (CPU: every
     M; CUDA: M ≤ DECODE_ABOVE, the memory-bound range of the small-M rule), or ``("decode", None)``:
-    W decoded once into ``x.dtype`` by a generated kernel, then cuBLAS (CUDA, larger M, where tensor
-    cores set the pace)."""
+    W decoded in 16 bits by a generated kernel, chunk by chunk (:func:`decode_chunk_rows`), each chunk
+    multiplied by cuBLAS (CUDA, larger M, where tensor cores set the pace)."""
     if device_type == "cuda" and m > DECODE_ABOVE:
         return "decode", None
     return "linear", builder.m_bucket_for(m, device_type)
@@ -35,7 +48,8 @@ def build_args(m: int, device_type: str, **layer) -> dict:
     k, a_dtype, bias, block_size, target) on ``device_type``: for ahead-of-time builds."""
     op, bucket = plan(m, device_type)
     if op == "decode":
-        return {**layer, "op": op, "bias": False, "m_bucket": None}
+        rows = decode_chunk_rows(layer["n"], layer["k"])
+        return {**layer, "n": rows, "op": op, "bias": False, "m_bucket": None}
     return {**layer, "m_bucket": bucket}
 
 
@@ -128,14 +142,31 @@ def _linear(
     op, m_bucket = plan(m, x.device.type)
     planes = _planes(blocks, formats.get(fmt).bits)
     if op == "decode":
-        w = torch.empty(n, k, dtype=x.dtype, device=x.device)
-        _run(_kernel(x.device, fmt, n, k, None, x.dtype, False, block_size, op), [*planes, scales, w])
-        out = torch.nn.functional.linear(x2, w, bias)
+        out = _decode_then_cublas(x2, planes, scales, bias, fmt, block_size, n, k)
     else:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
         kernel = _kernel(x.device, fmt, n, k, m_bucket, x.dtype, bias is not None, block_size)
         _run(kernel, [x2, *planes, scales] + ([bias.contiguous()] if bias is not None else []) + [out])
     return out.reshape(*x.shape[:-1], n)
+
+
+def _decode_then_cublas(x2, planes, scales, bias, fmt, block_size, n, k) -> torch.Tensor:
+    """``x2 @ W.T (+ bias)``: W decoded into ``x2.dtype`` a row chunk at a time, each chunk multiplied
+    right away (``Y.T[chunk] = W[chunk] @ x2.T``) while it is in L2."""
+    rows = decode_chunk_rows(n, k)
+    kernel = _kernel(x2.device, fmt, rows, k, None, x2.dtype, False, block_size, "decode")
+    w = torch.empty(rows, k, dtype=x2.dtype, device=x2.device)
+    if rows == n:
+        _run(kernel, [*planes, scales, w])
+        return torch.nn.functional.linear(x2, w, bias)
+    out_t = torch.empty(n, x2.shape[0], dtype=x2.dtype, device=x2.device)
+    for r in range(0, n, rows):
+        _run(kernel, [*(p[r : r + rows] for p in planes), scales[r : r + rows], w])
+        if bias is None:
+            torch.mm(w, x2.T, out=out_t[r : r + rows])
+        else:
+            torch.addmm(bias[r : r + rows, None], w, x2.T, out=out_t[r : r + rows])
+    return out_t.T.contiguous()
 
 
 def _run(kernel: builder.Kernel, args: list[torch.Tensor]) -> None:

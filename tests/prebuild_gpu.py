@@ -7,7 +7,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import mxgemm
 from mxgemm.ops import build_args
-from tests.linear_cases import BLOCK_CASES, DTYPES, FORMATS, GEMV_MS, MS, K, N
+from tests.linear_cases import BLOCK_CASES, CHUNK_FORMATS, DTYPES, FORMATS, GEMV_MS, MS, K, N
 
 
 def cases(arch):
@@ -70,6 +70,8 @@ def gemv_cases(arch):
                     yield build_args(
                         m, "cuda", fmt=fmt, n=GEMV_N, k=GEMV_K, a_dtype=dt, bias=bias, target=arch
                     )
+            if fmt in CHUNK_FORMATS:  # test_gpu_decode_path_in_chunks: 64-row chunks of a [256, 2048] W
+                yield dict(fmt=fmt, n=GEMV_N, k=GEMV_K, a_dtype=dt, op="decode", target=arch)
 
 
 SETS = {"linear": cases, "gemv": gemv_cases, "module": module_cases, "minilm": minilm_cases}

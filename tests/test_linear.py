@@ -5,7 +5,7 @@ import torch
 
 import mxgemm
 from mxgemm import ops
-from tests.linear_cases import BLOCK_CASES, DTYPES, FORMATS, GEMV_K, GEMV_MS, GEMV_N, MS, K, N
+from tests.linear_cases import BLOCK_CASES, CHUNK_FORMATS, DTYPES, FORMATS, GEMV_K, GEMV_MS, GEMV_N, MS, K, N
 
 
 def _weights(fmt, n, k, block_size=None, seed=0):
@@ -103,6 +103,21 @@ def test_gpu_gemv_rule(fmt, dtype, bias):
         x = torch.zeros(m, GEMV_K, dtype=getattr(torch, dtype), device="cuda")
         x[torch.arange(m), cols] = 1
         assert torch.equal(mxgemm.linear(x, q), w[:, cols].T), (fmt, m)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", CHUNK_FORMATS)
+def test_gpu_decode_path_in_chunks(fmt, dtype, monkeypatch):
+    """M > 16 on CUDA: W decoded a 64-row chunk at a time (a 256 KB chunk budget), each chunk through
+    cuBLAS, bias added per chunk: numerics, and one-hot rows give W's columns bit-exactly."""
+    monkeypatch.setenv("MXGEMM_DECODE_CHUNK_MB", "0.25")
+    assert ops.decode_chunk_rows(GEMV_N * 4, GEMV_K) == GEMV_N
+    for m, bias in ((17, False), (64, True)):
+        _run(fmt, dtype, bias, m, "cuda", n=GEMV_N * 4, k=GEMV_K)
+    q = _weights(fmt, GEMV_N * 4, GEMV_K).to("cuda")
+    x = torch.eye(GEMV_K, dtype=getattr(torch, dtype), device="cuda")[:40]
+    assert torch.equal(mxgemm.linear(x, q), mxgemm.dequantize(q).to(x.dtype)[:, :40].T), fmt
 
 
 @pytest.mark.gpu
