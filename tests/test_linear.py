@@ -105,6 +105,21 @@ def test_gpu_gemv_rule(fmt, dtype, bias):
         assert torch.equal(mxgemm.linear(x, q), w[:, cols].T), (fmt, m)
 
 
+@pytest.mark.parametrize("fmt", CHUNK_FORMATS)
+def test_decode_then_matmul_in_chunks_on_cpu(fmt, monkeypatch):
+    """The chunking of the decode + cuBLAS path (CUDA, M > 16), run here with the LLVM decode kernel
+    and torch's CPU matmul: 4 chunks of 64 rows, bias per chunk."""
+    monkeypatch.setenv("MXGEMM_DECODE_CHUNK_MB", "0.25")
+    n, k = GEMV_N * 4, GEMV_K
+    q = _weights(fmt, n, k)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, k, generator=g).to(torch.bfloat16)
+    b = torch.randn(n, generator=g).to(torch.bfloat16)
+    planes = ops._planes(q.blocks, mxgemm.formats.get(fmt).bits)
+    y = ops._decode_then_cublas(x, planes, q.scales, b, fmt, q.block_size, n, k)
+    _check(x, q, b, y)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fmt", CHUNK_FORMATS)
