@@ -19,14 +19,16 @@ from mxgemm.weight import MxWeight
 
 ACT_DTYPES = tuple(A_DTYPES.values())
 FP16_MAX = 65504.0
-DECODE_ABOVE = 16  # CUDA, more rows than this: decode W once in 16 bits, then cuBLAS (see `plan`)
+DECODE_ABOVE = 4  # CUDA, more rows than this: decode W in 16 bits, then cuBLAS (see `plan`)
 
 
 def decode_chunk_rows(n: int, k: int) -> int:
-    """Rows of W decoded per step on the decode + cuBLAS path: about ``$MXGEMM_DECODE_CHUNK_MB`` (16)
-    MB of 16-bit weights, so the chunk is still in L2 when cuBLAS reads it and W never travels to
-    HBM in 16 bits; a multiple of 64 rows that divides ``n`` (aligned slices), else all of ``n``."""
-    target = int(float(os.environ.get("MXGEMM_DECODE_CHUNK_MB", "16")) * (1 << 20)) // (2 * k)
+    """Rows of W decoded per step on the decode + cuBLAS path: all of them (default), or, with
+    ``$MXGEMM_DECODE_CHUNK_MB`` set, about that many MB of 16-bit weights at a time, which caps the
+    temporary buffer (a multiple of 64 rows that divides ``n``, for aligned slices; else all of ``n``).
+    Chunks the size of L2 were meant to keep W out of HBM in 16 bits but measured slower on an H100
+    (the extra launches and narrower GEMMs cost more: ``benchmarks/README.md``)."""
+    target = int(float(os.environ.get("MXGEMM_DECODE_CHUNK_MB", "0")) * (1 << 20)) // (2 * k)
     if target <= 0 or n <= target:
         return n
     rows = next((r for r in range(target - target % 64, 0, -64) if n % r == 0), 0)
@@ -35,7 +37,7 @@ def decode_chunk_rows(n: int, k: int) -> int:
 
 def plan(m: int, device_type: str) -> tuple[str, int | None]:
     """How ``m`` rows run: ``("linear", bucket)``, the decode-fused kernel of that M bucket (CPU: every
-    M; CUDA: M ≤ DECODE_ABOVE, the memory-bound range of the small-M rule), or ``("decode", None)``:
+    M; CUDA: M ≤ DECODE_ABOVE, where the small-M rule beats the alternative), or ``("decode", None)``:
     W decoded in 16 bits by a generated kernel, chunk by chunk (:func:`decode_chunk_rows`), each chunk
     multiplied by cuBLAS (CUDA, larger M, where tensor cores set the pace)."""
     if device_type == "cuda" and m > DECODE_ABOVE:

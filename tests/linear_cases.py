@@ -8,5 +8,5 @@ MS = (1, 3, 17, 64)
 N, K = 40, 96  # not multiples of typical tiles; K a multiple of the block (32)
 BLOCK_CASES = (("mxfp4", 8, 24, 64), ("bfp5", 256, 24, 512), ("mxfp6_e2m3", 64, 8, 192))  # fmt, block, n, k
 GEMV_N, GEMV_K = 64, 2048  # a shape the small-M `gemv` rule tiles for every format (K % 2048 == 0)
-GEMV_MS = (1, 3, 16)  # its M buckets 1, 4 (3 rows: one padded) and 16
+GEMV_MS = (1, 3)  # the M buckets `linear` runs it for: 1 and 4 (3 rows: one padded)
 CHUNK_FORMATS = ("mxfp4", "mxfp6_e3m2", "mxfp8_e5m2", "mxint8", "bfp3")  # the chunked decode + cuBLAS path

@@ -70,6 +70,7 @@ def gemv_cases(arch):
                     yield build_args(
                         m, "cuda", fmt=fmt, n=GEMV_N, k=GEMV_K, a_dtype=dt, bias=bias, target=arch
                     )
+                yield dict(fmt=fmt, n=GEMV_N, k=GEMV_K, m_bucket=16, a_dtype=dt, bias=bias, target=arch)
             if fmt in CHUNK_FORMATS:  # test_gpu_decode_path_in_chunks: 64-row chunks of a [256, 2048] W
                 yield dict(fmt=fmt, n=GEMV_N, k=GEMV_K, a_dtype=dt, op="decode", target=arch)
 

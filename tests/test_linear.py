@@ -91,18 +91,26 @@ def test_gpu_block_sizes(fmt, block, n, k):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_gpu_gemv_rule(fmt, dtype, bias):
-    """Small M on a shape our `gemv` rule tiles (buckets 1, 4, 16): numerics, and one-hot rows give W's
-    columns bit-exactly (padded rows of the M tile must not leak into the output)."""
+    """Small M on a shape our `gemv` rule tiles (buckets 1 and 4 through `linear`; the M=16 tile called
+    directly): numerics, and one-hot rows give W's columns bit-exactly (padded rows must not leak)."""
     q = _weights(fmt, GEMV_N, GEMV_K).to("cuda")
-    w = mxgemm.dequantize(q).to(getattr(torch, dtype))
+    dt = getattr(torch, dtype)
+    w = mxgemm.dequantize(q).to(dt)
+    cols = torch.tensor([0, 1, 777, GEMV_K - 1, 5, 1024, 31, 2047, 99, 100, 101])
     for m in GEMV_MS:
         _run(fmt, dtype, bias, m, "cuda", n=GEMV_N, k=GEMV_K)
-        cols = torch.tensor([0, 1, 777, GEMV_K - 1, 5, 1024, 31, 2047, 99, 100, 101, 102, 1500, 1501, 3, 4])[
-            :m
-        ]
-        x = torch.zeros(m, GEMV_K, dtype=getattr(torch, dtype), device="cuda")
-        x[torch.arange(m), cols] = 1
-        assert torch.equal(mxgemm.linear(x, q), w[:, cols].T), (fmt, m)
+        x = torch.zeros(m, GEMV_K, dtype=dt, device="cuda")
+        x[torch.arange(m), cols[:m]] = 1
+        assert torch.equal(mxgemm.linear(x, q), w[:, cols[:m]].T), (fmt, m)
+    kernel = mxgemm.build(fmt, n=GEMV_N, k=GEMV_K, m_bucket=16, a_dtype=dtype, target="cuda", bias=bias)
+    assert kernel.rule == "gemv"
+    x = torch.zeros(len(cols), GEMV_K, dtype=dt, device="cuda")
+    x[torch.arange(len(cols)), cols] = 1
+    b = torch.randn(GEMV_N, device="cuda").to(dt) if bias else None
+    y = torch.full((len(cols), GEMV_N), float("nan"), dtype=dt, device="cuda")
+    kernel(x, *ops._planes(q.blocks, mxgemm.formats.get(fmt).bits), q.scales, *([b] if bias else []), y)
+    want = (w[:, cols].T.float() + (b.float() if bias else 0)).to(dt)
+    assert torch.equal(y, want), fmt
 
 
 @pytest.mark.parametrize("fmt", CHUNK_FORMATS)

@@ -49,13 +49,14 @@ class Hints:
 
 def default_hints(target: dict[str, Any], n: int, k: int, plane_bits: int, m_tile: int) -> Hints:
     """Hints from the hardware and the shape: the widest load (16 bytes) that tiles K (32 threads ×
-    the load's codes of the widest plane, ``plane_bits`` wide); as many warps per block as keep ≥ 4
-    blocks per SM busy (fewer when N is small); A loads 8 wide (4 when 16 rows share the registers)."""
+    the load's codes of the widest plane, ``plane_bits`` wide); 8-wide A loads; A read straight from
+    global memory (L1 hits; measured faster than staging it in shared memory at every M tile); 4
+    warps per block at M=1 and 2 above (more rows of A per warp need fewer warps to share an SM),
+    fewer when N is too small to give every SM 4 blocks."""
     sms = targets.sm_count(target["arch"])
     load = next((b for b in (16, 8, 4) if k % (TX * b * 8 // plane_bits) == 0), 16)
-    rows = next((r for r in (8, 4, 2) if n % r == 0 and n // r >= 4 * sms), 1)
-    a_vec = 4 if m_tile >= 16 or load < 16 and plane_bits == 8 else 8
-    return Hints(rows=rows, load_bytes=load, a_vec=a_vec, a_shared=m_tile > 1)
+    rows = next((r for r in (4, 2) if r <= (4 if m_tile == 1 else 2) and n % r == 0 and n // r >= 4 * sms), 1)
+    return Hints(rows=rows, load_bytes=load, a_vec=8 if load * 8 // plane_bits % 8 == 0 else 4)
 
 
 def candidates(n: int, m_tile: int) -> list[Hints]:
@@ -75,12 +76,13 @@ def fits(h: Hints, n: int, k: int, plane_bits: int) -> bool:
 def cost(h: Hints, target: dict[str, Any], n: int, k: int, plane_bits: int) -> float:
     """Relative cost (lower is better) for ranking candidates before measuring: the weight stream
     needs ≈ 24 KB of loads in flight per SM (Little's law at HBM3 latency); narrower loads and A
-    vectors cost a few percent of issue slots each."""
+    vectors cost a few percent of issue slots each; staging A in shared memory costs barriers."""
     sms = targets.sm_count(target["arch"])
     warps = min(n // h.rows, sms * 64 // h.rows) * h.rows  # resident warps, ≤ 64 per SM
     inflight = warps * TX * h.load_bytes
     starved = max(1.0, sms * 24 * 1024 / inflight)
-    return starved * (1 + 0.05 * (16 // h.load_bytes - 1)) * (1 + 0.02 * (8 // h.a_vec - 1))
+    narrow = (1 + 0.05 * (16 // h.load_bytes - 1)) * (1 + 0.02 * (8 // h.a_vec - 1))
+    return starved * narrow * (1.15 if h.a_shared else 1.0)  # two barriers per step
 
 
 def apply(
