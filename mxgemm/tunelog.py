@@ -98,7 +98,14 @@ def merge(
 
 
 def shipped_log(arch: str) -> Path:
-    return Path(__file__).resolve().parents[1] / "tune_logs" / f"{arch}.json"
+    """The log shipped with mxgemm for ``arch`` (``tune_logs/`` in the repo, package data
+    ``mxgemm/tune_logs/`` in the wheel)."""
+    from importlib.resources import files
+
+    try:
+        return Path(str(files("mxgemm.tune_logs"))) / f"{arch}.json"
+    except ModuleNotFoundError:  # a source tree on sys.path without installing
+        return Path(__file__).resolve().parents[1] / "tune_logs" / f"{arch}.json"
 
 
 def user_log(arch: str) -> Path:
