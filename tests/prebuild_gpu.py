@@ -16,7 +16,10 @@ def cases(arch):
             for bias in (False, True):
                 for m in MS:
                     yield build_args(m, "cuda", fmt=fmt, n=N, k=K, a_dtype=dt, bias=bias, target=arch)
-            yield build_args(256, "cuda", fmt=fmt, n=N, k=K, a_dtype=dt, target=arch)  # every-code test
+        for m in (1, 256):  # test_every_code_decodes_exactly: a [4, 256] weight, bf16
+            yield build_args(m, "cuda", fmt=fmt, n=4, k=256, a_dtype="bfloat16", target=arch)
+        if fmt in CHUNK_FORMATS:  # test_gpu_decode_kernel_writes_exactly_w
+            yield dict(fmt=fmt, n=N, k=K, a_dtype="bfloat16", op="decode", target=arch)
     for fmt, block, n, k in BLOCK_CASES:
         for m in MS:
             yield build_args(m, "cuda", fmt=fmt, n=n, k=k, a_dtype="bfloat16", block_size=block, target=arch)

@@ -144,6 +144,19 @@ def test_gpu_decode_path_in_chunks(fmt, dtype, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt", CHUNK_FORMATS)
+def test_gpu_decode_kernel_writes_exactly_w(fmt):
+    """The standalone decode kernel fills every element of W with the reference value and writes
+    nothing past it (a ragged shape: 120 threads of work)."""
+    q = _weights(fmt, N, K).to("cuda")
+    kernel = mxgemm.build(fmt, n=N, k=K, a_dtype="bfloat16", target="cuda", op="decode")
+    buf = torch.full((N * K + 4096,), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kernel(*ops._planes(q.blocks, mxgemm.formats.get(fmt).bits), q.scales, buf[: N * K].view(N, K))
+    assert torch.equal(buf[: N * K].view(N, K), mxgemm.dequantize(q).to(torch.bfloat16)), fmt
+    assert bool(buf[N * K :].isnan().all()), f"{fmt}: wrote past W"
+
+
+@pytest.mark.gpu
 def test_gpu_exact_decode_and_side_stream():
     """One-hot x on a side stream: bit-exact decode on the GPU, and the kernel runs on torch's stream."""
     s = torch.cuda.Stream()

@@ -2,7 +2,7 @@
 hands it to cuBLAS.
 
 Each thread turns one wide load (16 bytes where K allows) of the widest code plane into ``vec`` weights
-(32 fp4 or 16 fp8) and stores them as 16-byte vectors; ``THREADS`` threads per block walk a row of W.
+(32 fp4 or 16 fp8) and stores them as 16-byte vectors; up to 128 threads per block.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from tvm import s_tir, tirx
 
 LOAD_BYTES = (16, 8, 4, 2, 1)  # the widest that divides a row is used
 STORE = 8  # 16-bit elements per 16-byte store
-THREADS = 128
+THREADS = (128, 64, 32, 16, 8, 4, 2, 1)  # per block: the largest that divides the work exactly
 
 
 def apply(func: tirx.PrimFunc, target: dict[str, Any]) -> s_tir.Schedule | None:
@@ -31,7 +31,9 @@ def apply(func: tirx.PrimFunc, target: dict[str, Any]) -> s_tir.Schedule | None:
         return None
     jo, jv = sch.split(j, [None, vec])
     t = sch.fuse(i, jo)
-    bx, tx = sch.split(t, [None, THREADS])
+    # an exact split: a partial last block would need a guard that the cached vector store loses
+    threads = next(n for n in THREADS if int(sch.get(t).extent) % n == 0)
+    bx, tx = sch.split(t, [None, threads])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
     out = sch.cache_write(dec, 0, "local")
