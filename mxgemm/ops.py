@@ -35,20 +35,28 @@ def decode_chunk_rows(n: int, k: int) -> int:
     return rows if rows * 4 >= target else n
 
 
-def plan(m: int, device_type: str) -> tuple[str, int | None]:
-    """How ``m`` rows run: ``("linear", bucket)``, the decode-fused kernel of that M bucket (CPU: every
-    M; CUDA: M ≤ DECODE_ABOVE, where the small-M rule beats the alternative), or ``("decode", None)``:
-    W decoded in 16 bits by a generated kernel, chunk by chunk (:func:`decode_chunk_rows`), each chunk
-    multiplied by cuBLAS (CUDA, larger M, where tensor cores set the pace)."""
-    if device_type == "cuda" and m > DECODE_ABOVE:
-        return "decode", None
-    return "linear", builder.m_bucket_for(m, device_type)
+def plan(m: int, device_type: str, fmt: str, n: int, k: int, a_dtype: str) -> tuple[str, int | None]:
+    """How ``m`` rows of an ``[n, k]`` ``fmt`` weight run: ``("linear", bucket)``, the decode-fused
+    kernel of that M bucket, or ``("decode", None)``: W decoded in 16 bits by a generated kernel, then
+    cuBLAS. CPU: always the fused kernel (one dynamic-M bucket). CUDA: M ≤ ``DECODE_ABOVE`` → the
+    small-M rule; M ≤ 64 with fp16 activations on a shape the tensor-core rule tiles → that rule;
+    otherwise decode + cuBLAS (tensor cores at the rate of cuBLAS; see ``benchmarks/README.md``)."""
+    from mxgemm.layout import plane_widths
+    from mxgemm.rules import tensorcore
+
+    bucket = builder.m_bucket_for(m, device_type)
+    if device_type != "cuda" or m <= DECODE_ABOVE:
+        return "linear", bucket
+    bits0 = plane_widths(formats.get(fmt).bits)[0]
+    if a_dtype == "float16" and bucket in tensorcore.M_TILES and tensorcore.shape_fits(n, k, bits0, bucket):
+        return "linear", bucket
+    return "decode", None
 
 
 def build_args(m: int, device_type: str, **layer) -> dict:
     """The `mxgemm.build` keyword arguments of the kernel that serves ``m`` rows of ``layer`` (fmt, n,
     k, a_dtype, bias, block_size, target) on ``device_type``: for ahead-of-time builds."""
-    op, bucket = plan(m, device_type)
+    op, bucket = plan(m, device_type, layer["fmt"], layer["n"], layer["k"], layer.get("a_dtype", "float16"))
     if op == "decode":
         rows = decode_chunk_rows(layer["n"], layer["k"])
         return {**layer, "n": rows, "op": op, "bias": False, "m_bucket": None}
@@ -141,7 +149,7 @@ def _linear(
     capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()  # no host sync inside a CUDA graph
     if x.dtype == torch.float16 and not capturing:
         _check_fp16_once(blocks, scales, fmt, block_size, n, k)
-    op, m_bucket = plan(m, x.device.type)
+    op, m_bucket = plan(m, x.device.type, fmt, n, k, str(x.dtype).removeprefix("torch."))
     planes = _planes(blocks, formats.get(fmt).bits)
     if op == "decode":
         out = _decode_then_cublas(x2, planes, scales, bias, fmt, block_size, n, k)

@@ -16,6 +16,7 @@ Tasks the log already has (same versions) are skipped, so an interrupted run res
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -28,6 +29,7 @@ from mxgemm import formats, tunelog
 from mxgemm.codegen import build as builder
 from mxgemm.codegen import target as targets
 
+log = logging.getLogger(__name__)
 MANIFEST = "tune_manifest.json"
 MEASUREMENTS = "tune_measurements.jsonl"
 DEFAULT_MS = (1, 16, 64, 256, 1024, 4096)
@@ -73,7 +75,7 @@ def model_shapes(model_dir: str | Path) -> list[tuple[int, int]]:
 def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[str]]:
     """(tasks with tunable hints, notes on what was left out and why)."""
     from mxgemm.ops import plan
-    from mxgemm.rules import gemv
+    from mxgemm.rules import gemv, tensorcore
 
     cuda = not arch.startswith("llvm")
     out, notes = [], []
@@ -83,9 +85,9 @@ def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[s
             if k % f.block_size:
                 raise TuneError(f"shape {n},{k}: k is not a multiple of {fmt}'s block size {f.block_size}")
             for m in ms:
-                op, bucket = plan(m, "cuda" if cuda else "cpu")
-                if cuda and (op == "decode" or bucket not in gemv.M_TILES):
-                    notes.append(f"M={m}: decode + cuBLAS, no hints to tune")
+                op, bucket = plan(m, "cuda" if cuda else "cpu", fmt, n, k, a_dtype)
+                if cuda and (op == "decode" or bucket not in (*gemv.M_TILES, *tensorcore.M_TILES)):
+                    notes.append(f"{n},{k} M={m}: decode + cuBLAS, no hints to tune")
                     continue
                 out.append(Task(fmt, n, k, bucket, a_dtype, arch))
     return list(dict.fromkeys(out)), list(dict.fromkeys(notes))
@@ -102,26 +104,37 @@ def candidates(task: Task, budget: int) -> list[dict[str, Any]]:
         rest = [c for c in cands if c != default]
         return [default, *rest][: max(1, budget)]
     from mxgemm.layout import plane_widths
-    from mxgemm.rules import gemv
+    from mxgemm.rules import gemv, tensorcore
 
+    tc = task.m_bucket in tensorcore.M_TILES and task.a_dtype == "float16"  # as `mxgemm.rules.schedule`
+    rule = tensorcore if tc else gemv
     bits0 = plane_widths(formats.get(task.fmt).bits)[0]
     tgt = task.target()
-    default = gemv.default_hints(tgt, task.n, task.k, bits0, task.m_bucket)
-    fits = [h for h in gemv.candidates(task.n, task.m_bucket) if gemv.fits(h, task.n, task.k, bits0)]
-    rest = sorted((h for h in fits if h != default), key=lambda h: gemv.cost(h, tgt, task.n, task.k, bits0))
-    return [h.to_dict() for h in [default, *rest][: max(1, budget)]]
+    default = rule.default_hints(tgt, task.n, task.k, bits0, task.m_bucket)
+    fits = [h for h in rule.candidates(task.n, task.m_bucket) if rule.fits(h, task.n, task.k, bits0)]
+    rest = sorted(
+        (h for h in fits if h != default),
+        key=lambda h: rule.cost(h, tgt, task.n, task.k, bits0, task.m_bucket),
+    )
+    return [h.to_dict() for h in [d for d in (default,) if d is not None] + rest][: max(1, budget)]
 
 
 # ---- step 1: build ---------------------------------------------------------------------------------
 
 
-def _build_one(item: tuple[Task, dict[str, Any]]) -> dict[str, Any]:
+def _build_one(item: tuple[Task, dict[str, Any]]) -> dict[str, Any] | None:
     task, hints = item
     t0 = time.perf_counter()
-    kern = builder.build(
-        task.fmt, n=task.n, k=task.k, m_bucket=task.m_bucket, a_dtype=task.a_dtype, target=task.target(),
-        hints=hints,
-    )  # fmt: skip
+    try:
+        kern = builder.build(
+            task.fmt, n=task.n, k=task.k, m_bucket=task.m_bucket, a_dtype=task.a_dtype, target=task.target(),
+            hints=hints,
+        )  # fmt: skip
+    except Exception as e:  # noqa: BLE001 (a candidate the compiler rejects is skipped, not fatal)
+        log.warning("candidate %s for %s does not build: %s", hints, task, str(e).strip().splitlines()[-1])
+        return None
+    if kern.info.get("hints") != hints:  # the rule fell back to its defaults: not this candidate
+        return None
     return {
         "task": asdict(task),
         "hints": kern.info.get("hints", hints),
@@ -141,7 +154,8 @@ def build(todo: list[Task], budget: int, out_dir: Path, jobs: int = 2, progress=
     entries = []
     with ProcessPoolExecutor(jobs) as pool:
         for e in pool.map(_build_one, items):
-            entries.append(e)
+            if e is not None:
+                entries.append(e)
             if progress:
                 progress(e)
     root = Path(out_dir)

@@ -1,6 +1,6 @@
 """Build the CUDA kernels of the GPU tests here (no GPU needed) into $MXGEMM_CACHE_DIR, so a GPU box with
 only the TVM runtime can run them: ``MXGEMM_CACHE_DIR=DIR python -m tests.prebuild_gpu sm_90 [JOBS [SETS]]``
-with SETS a comma list of linear, gemv, module, minilm (default: all)."""
+with SETS a comma list of linear, gemv, tensorcore, module, minilm (default: all)."""
 
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -78,7 +78,25 @@ def gemv_cases(arch):
                 yield dict(fmt=fmt, n=GEMV_N, k=GEMV_K, a_dtype=dt, op="decode", target=arch)
 
 
-SETS = {"linear": cases, "gemv": gemv_cases, "module": module_cases, "minilm": minilm_cases}
+def tensorcore_cases(arch):
+    """tests.test_linear's tensor-core cases (fp16, M buckets 16 and 64)."""
+    from tests.linear_cases import TC_K, TC_MS, TC_N
+
+    for fmt in FORMATS:
+        for bias in (False, True):
+            for m in TC_MS:
+                yield build_args(
+                    m, "cuda", fmt=fmt, n=TC_N, k=TC_K, a_dtype="float16", bias=bias, target=arch
+                )
+
+
+SETS = {
+    "linear": cases,
+    "gemv": gemv_cases,
+    "tensorcore": tensorcore_cases,
+    "module": module_cases,
+    "minilm": minilm_cases,
+}
 
 
 def _build(kw):

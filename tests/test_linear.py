@@ -5,7 +5,21 @@ import torch
 
 import mxgemm
 from mxgemm import ops
-from tests.linear_cases import BLOCK_CASES, CHUNK_FORMATS, DTYPES, FORMATS, GEMV_K, GEMV_MS, GEMV_N, MS, K, N
+from tests.linear_cases import (
+    BLOCK_CASES,
+    CHUNK_FORMATS,
+    DTYPES,
+    FORMATS,
+    GEMV_K,
+    GEMV_MS,
+    GEMV_N,
+    MS,
+    TC_K,
+    TC_MS,
+    TC_N,
+    K,
+    N,
+)
 
 
 def _weights(fmt, n, k, block_size=None, seed=0):
@@ -41,7 +55,7 @@ def _run(fmt, dtype, bias, m, device, n=N, k=K, block_size=None, batch=()):
     x = torch.randn(*batch, m, k, generator=g).to(dt).to(device)
     b = torch.randn(n, generator=g).to(dt).to(device) if bias else None
     y = mxgemm.linear(x, q, b)
-    _check(x, q, b, y, cublas=device == "cuda" and ops.plan(m, "cuda")[0] == "decode")
+    _check(x, q, b, y, cublas=device == "cuda" and ops.plan(m, "cuda", fmt, n, k, dtype)[0] == "decode")
 
 
 @pytest.mark.parametrize("m", MS)
@@ -116,6 +130,24 @@ def test_gpu_gemv_rule(fmt, dtype, bias):
     kernel(x, *ops._planes(q.blocks, mxgemm.formats.get(fmt).bits), q.scales, *([b] if bias else []), y)
     want = (w[:, cols].T.float() + (b.float() if bias else 0)).to(dt)
     assert torch.equal(y, want), fmt
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gpu_tensorcore_rule(fmt, bias):
+    """fp16, 4 < M ≤ 64 on a shape the tensor-core rule tiles (M buckets 16 and 64, split K):
+    numerics, and one-hot rows give W's columns bit-exactly (padded rows must not leak)."""
+    n, k = TC_N, TC_K
+    for m in TC_MS:
+        assert ops.plan(m, "cuda", fmt, n, k, "float16")[0] == "linear"
+        _run(fmt, "float16", bias, m, "cuda", n=n, k=k)
+    q = _weights(fmt, n, k).to("cuda")
+    w = mxgemm.dequantize(q).to(torch.float16)
+    cols = torch.arange(TC_MS[-1]) * 31 % k
+    x = torch.zeros(len(cols), k, dtype=torch.float16, device="cuda")
+    x[torch.arange(len(cols)), cols] = 1
+    assert torch.equal(mxgemm.linear(x, q), w[:, cols].T), fmt
 
 
 @pytest.mark.parametrize("fmt", CHUNK_FORMATS)

@@ -11,7 +11,7 @@ from mxgemm import cli, tune, tunelog
 from mxgemm.codegen import build as builder
 from mxgemm.codegen import target as targets
 from mxgemm.layout import plane_widths
-from mxgemm.rules import gemv
+from mxgemm.rules import gemv, tensorcore
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +39,10 @@ def test_model_shapes_from_config(tmp_path):
 
 def test_tasks_cover_the_tunable_buckets(cpu_arch):
     todo, notes = tune.tasks([(4096, 4096)], ["mxfp4"], (1, 2, 4, 16, 4096), "float16", "sm_90")
-    assert [t.m_bucket for t in todo] == [1, 4]  # what `mxgemm.linear` runs: gemv up to M=4
-    assert notes == ["M=16: decode + cuBLAS, no hints to tune", "M=4096: decode + cuBLAS, no hints to tune"]
+    assert [t.m_bucket for t in todo] == [1, 4, 16]  # what `mxgemm.linear` runs: gemv, tensor cores
+    assert notes == ["4096,4096 M=4096: decode + cuBLAS, no hints to tune"]
+    bf16, notes = tune.tasks([(4096, 4096)], ["mxfp4"], (16,), "bfloat16", "sm_90")
+    assert bf16 == [] and notes == ["4096,4096 M=16: decode + cuBLAS, no hints to tune"]
     cpu_tasks, _ = tune.tasks([(64, 256)], ["mxfp4"], (1, 4096), "float16", cpu_arch)
     assert [t.m_bucket for t in cpu_tasks] == [None]  # one dynamic-M kernel on CPU
     with pytest.raises(tune.TuneError, match="block size 32"):
@@ -49,23 +51,32 @@ def test_tasks_cover_the_tunable_buckets(cpu_arch):
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("fmt", ["mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "bfp3"])
-@pytest.mark.parametrize("m_bucket", [1, 16])
-def test_gemv_candidates_deterministic_and_valid(arch, fmt, m_bucket):
-    task = tune.Task(fmt, 11008, 4096, m_bucket, "float16", arch)
+@pytest.mark.parametrize(("m_bucket", "rule"), [(1, gemv), (16, tensorcore), (64, tensorcore)])
+def test_candidates_deterministic_and_valid(arch, fmt, m_bucket, rule):
+    task = tune.Task(fmt, 11008 if rule is gemv else 14336, 4096, m_bucket, "float16", arch)
     cands = tune.candidates(task, 8)
     assert cands == tune.candidates(task, 8) and len(cands) == 8
     bits0 = plane_widths(mxgemm.formats.get(fmt).bits)[0]
-    default = gemv.default_hints(targets.cuda(arch), 11008, 4096, bits0, m_bucket)
+    default = rule.default_hints(targets.cuda(arch), task.n, task.k, bits0, m_bucket)
     assert cands[0] == default.to_dict() and len({json.dumps(c) for c in cands}) == 8
-    assert all(gemv.fits(gemv.Hints(**c), 11008, 4096, bits0) for c in cands)
+    assert all(rule.fits(rule.Hints(**c), task.n, task.k, bits0) for c in cands)
 
 
 @pytest.mark.nvcc
 def test_every_gemv_candidate_builds():
-    task = tune.Task("mxfp4", 256, 2048, 16, "float16", "sm_90")
+    task = tune.Task("mxfp4", 256, 2048, 4, "float16", "sm_90")
     for hints in tune.candidates(task, 64):
-        k = mxgemm.build("mxfp4", n=256, k=2048, m_bucket=16, target="sm_90", hints=hints)
+        k = mxgemm.build("mxfp4", n=256, k=2048, m_bucket=4, target="sm_90", hints=hints)
         assert k.rule == "gemv" and k.info["hints"] == hints
+
+
+@pytest.mark.nvcc
+def test_tensorcore_candidates_build():
+    """The first candidates of the tensor-core rule (the ones a budget of 6 measures) compile."""
+    task = tune.Task("mxfp6_e2m3", 256, 2048, 64, "float16", "sm_90")
+    for hints in tune.candidates(task, 6):
+        k = mxgemm.build("mxfp6_e2m3", n=256, k=2048, m_bucket=64, target="sm_90", hints=hints)
+        assert k.rule == "tensorcore" and k.info["hints"] == hints and "mma_sync" in k.source
 
 
 def _cli(*args):

@@ -25,7 +25,13 @@ def schedule(
     import tvm
 
     if target["kind"] == "cuda":
-        from mxgemm.rules import dlight, gemv
+        from mxgemm.rules import dlight, gemv, tensorcore
+
+        if m_bucket in tensorcore.M_TILES:
+            func = make(None)  # decode in a_dtype: the tensor cores take fp16
+            for h in _tuned(tensorcore.Hints, hints) + [None]:  # tuned, else the defaults
+                if (got := tensorcore.apply(func, target, m_bucket, h)) is not None:
+                    return "tensorcore", got[0].mod, got[1].to_dict()
 
         if m_bucket in gemv.M_TILES:
             func = make("float32")

@@ -73,7 +73,7 @@ def fits(h: Hints, n: int, k: int, plane_bits: int) -> bool:
     return vec > 0 and k % (TX * vec) == 0 and n % h.rows == 0 and vec % h.a_vec == 0
 
 
-def cost(h: Hints, target: dict[str, Any], n: int, k: int, plane_bits: int) -> float:
+def cost(h: Hints, target: dict[str, Any], n: int, k: int, plane_bits: int, m_tile: int = 1) -> float:
     """Relative cost (lower is better) for ranking candidates before measuring: the weight stream
     needs ≈ 24 KB of loads in flight per SM (Little's law at HBM3 latency); narrower loads and A
     vectors cost a few percent of issue slots each; staging A in shared memory costs barriers."""
