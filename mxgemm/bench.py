@@ -157,14 +157,7 @@ def run(
                     mxgemm.MxWeight(q.blocks.clone(), q.scales.clone(), q.fmt, q.block_size, q.shape)
                     for _ in range(_copies(nbytes) - 1)
                 ]
-                calls = [
-                    (
-                        lambda qi=qi, xi=x[adt], n=n, k=k: torch.ops.mxgemm.linear(
-                            xi, qi.blocks, qi.scales, None, qi.fmt, qi.block_size, n, k
-                        )
-                    )
-                    for qi in cps
-                ]
+                calls = [(lambda qi=qi, xi=x[adt]: mxgemm.linear(xi, qi)) for qi in cps]
                 add("mxgemm", f, _time_graph(_cycle(calls)), nbytes)
                 if emulated:  # a few calls only: each materializes the whole dequantized weight
                     calls = [

@@ -160,7 +160,11 @@ def load_quantized(model: nn.Module, path: str | Path, device: torch.device | st
                 raise CheckpointError(
                     f"tensor {name!r} in {file} is {t.dtype}, the model expects {target.dtype}"
                 )
-            target.copy_(t)
+            owner = model.get_submodule(name.rpartition(".")[0])
+            if isinstance(owner, MxLinear) and name.endswith(BLOCKS):
+                owner.load_blocks(t)  # into the kernel layout (the state-dict tensor may be a copy)
+            else:
+                target.copy_(t)
     return model
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from mxgemm import formats, ops, packing
+from mxgemm import formats, layout, ops, packing
 from mxgemm.config import MxConfig
 from mxgemm.reference import quantize
 from mxgemm.weight import MxWeight
@@ -18,10 +18,14 @@ from mxgemm.weight import MxWeight
 class MxLinear(nn.Module):
     """``y = x @ W.T + b`` with W stored as MX/BFP codes + E8M0 scales, run by generated kernels.
 
-    Buffers (what ``state_dict`` and checkpoints hold, HF naming):
+    ``state_dict`` (what checkpoints hold, HF naming):
         weight_blocks: uint8 ``[out_features, in_features * bits / 8]``, portable packed layout.
         weight_scales: uint8 ``[out_features, in_features / block_size]``, E8M0.
         bias: ``a_dtype [out_features]`` (only with ``bias=True``).
+    In memory the codes are held once, in the kernel layout (:func:`mxgemm.layout.to_planes`): for
+    8/4/2-bit formats that is the ``weight_blocks`` buffer itself; 3/5/6/7-bit formats hold
+    non-persistent ``weight_plane0``, ``weight_plane1``, ... buffers instead, converted from and to the
+    portable ``weight_blocks`` when the state dict is loaded or saved.
     ``forward`` accepts any float ``[..., in_features]``, computes in ``a_dtype`` (fp32 accumulation)
     and returns the input's dtype. CPU inputs run the LLVM kernel, CUDA inputs the CUDA kernel.
     """
@@ -51,9 +55,18 @@ class MxLinear(nn.Module):
         self.scale_mode, self.rounding = scale_mode, rounding
         self.a_dtype = cfg.torch_a_dtype
         u8 = dict(dtype=torch.uint8, device=device)
-        self.register_buffer(
-            "weight_blocks", torch.zeros(out_features, packing.packed_len(in_features, f.bits), **u8)
-        )
+        self._bits = f.bits
+        widths = layout.plane_widths(f.bits)
+        if len(widths) == 1:
+            self.register_buffer(
+                "weight_blocks", torch.zeros(out_features, packing.packed_len(in_features, f.bits), **u8)
+            )
+            self._plane_names = ["weight_blocks"]
+        else:
+            self._plane_names = [f"weight_plane{i}" for i in range(len(widths))]
+            for name, w in zip(self._plane_names, widths, strict=True):
+                shape = (out_features, packing.packed_len(in_features, w))
+                self.register_buffer(name, torch.zeros(shape, **u8), persistent=False)
         self.register_buffer("weight_scales", torch.zeros(out_features, in_features // cfg.block_size, **u8))
         if bias:
             self.register_buffer("bias", torch.zeros(out_features, dtype=self.a_dtype, device=device))
@@ -99,14 +112,45 @@ class MxLinear(nn.Module):
             )
         if self.a_dtype == torch.float16:
             ops.check_fp16_range(q)
-        self.weight_blocks.copy_(q.blocks)
+        self.load_blocks(q.blocks)
         self.weight_scales.copy_(q.scales)
+
+    def load_blocks(self, blocks: torch.Tensor) -> None:
+        """Copy portable codes (uint8 ``[out_features, in_features * bits / 8]``) into the planes."""
+        new = layout.to_planes(blocks.to(self.weight_scales.device), self._bits)
+        for plane, src in zip(self.planes, new, strict=True):
+            plane.copy_(src)
+
+    @property
+    def planes(self) -> list[torch.Tensor]:
+        """The code planes the kernels read (uint8 ``[out_features, in_features * w / 8]`` each)."""
+        return [getattr(self, name) for name in self._plane_names]
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self._plane_names != ["weight_blocks"]:  # the portable layout, as checkpoints hold it
+            destination[prefix + "weight_blocks"] = layout.from_planes(self.planes, self._bits)
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected, errors
+    ):
+        key = prefix + "weight_blocks"
+        if self._plane_names != ["weight_blocks"]:
+            if key in state_dict:
+                self.load_blocks(state_dict[key])
+            elif strict:
+                missing_keys.append(key)
+            state_dict = {k: v for k, v in state_dict.items() if k != key}
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected, errors
+        )
 
     @property
     def weight(self) -> MxWeight:
-        """The quantized weight as an :class:`MxWeight` (a view of the buffers)."""
+        """The quantized weight as an :class:`MxWeight` (a view of the buffers for 8/4/2-bit formats,
+        the portable layout rebuilt from the planes otherwise)."""
         return MxWeight(
-            self.weight_blocks,
+            layout.from_planes(self.planes, self._bits),
             self.weight_scales,
             self.fmt,
             self.block_size,
@@ -120,7 +164,7 @@ class MxLinear(nn.Module):
             raise ValueError(f"MxLinear: expected input [..., {self.in_features}], got {list(x.shape)}")
         y = torch.ops.mxgemm.linear(
             x.to(self.a_dtype),
-            self.weight_blocks,
+            self.planes,
             self.weight_scales,
             self.bias,
             self.fmt,

@@ -85,10 +85,17 @@ def check_fp16_range(q: MxWeight) -> None:
         )
 
 
-def _check_fp16_once(blocks: torch.Tensor, scales: torch.Tensor, fmt: str, block_size: int, n: int, k: int):
-    """:func:`check_fp16_range`, done once per (scales, blocks) version."""
-    q = MxWeight(blocks, scales, fmt, block_size, (n, k))
-    _memo(scales, "_mxgemm_fp16_ok", (scales._version, blocks._version), lambda: check_fp16_range(q) or True)
+def _check_fp16_once(
+    planes: list[torch.Tensor], scales: torch.Tensor, fmt: str, block_size: int, n: int, k: int
+):
+    """:func:`check_fp16_range`, done once per (scales, planes) version."""
+
+    def check():
+        blocks = layout.from_planes(planes, formats.get(fmt).bits)
+        check_fp16_range(MxWeight(blocks, scales, fmt, block_size, (n, k)))
+        return True
+
+    _memo(scales, "_mxgemm_fp16_ok", (scales._version, *(p._version for p in planes)), check)
 
 
 def _planes(blocks: torch.Tensor, bits: int) -> list[torch.Tensor]:
@@ -134,7 +141,7 @@ def _kernel(
 @torch.library.custom_op("mxgemm::linear", mutates_args=())
 def _linear(
     x: torch.Tensor,
-    blocks: torch.Tensor,
+    planes: list[torch.Tensor],
     scales: torch.Tensor,
     bias: torch.Tensor | None,
     fmt: str,
@@ -148,9 +155,8 @@ def _linear(
         return x.new_empty(*x.shape[:-1], n)
     capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()  # no host sync inside a CUDA graph
     if x.dtype == torch.float16 and not capturing:
-        _check_fp16_once(blocks, scales, fmt, block_size, n, k)
+        _check_fp16_once(planes, scales, fmt, block_size, n, k)
     op, m_bucket = plan(m, x.device.type, fmt, n, k, str(x.dtype).removeprefix("torch."))
-    planes = _planes(blocks, formats.get(fmt).bits)
     if op == "decode":
         out = _decode_then_cublas(x2, planes, scales, bias, fmt, block_size, n, k)
     else:
@@ -191,7 +197,7 @@ def _run(kernel: builder.Kernel, args: list[torch.Tensor]) -> None:
 
 
 @_linear.register_fake
-def _(x, blocks, scales, bias, fmt, block_size, n, k):
+def _(x, planes, scales, bias, fmt, block_size, n, k):
     return x.new_empty(*x.shape[:-1], n)
 
 
@@ -222,5 +228,5 @@ def linear(x: torch.Tensor, w: MxWeight, bias: torch.Tensor | None = None) -> to
                 f"linear: bias must be {x.dtype} [{n}] on {x.device}, got {bias.dtype} {list(bias.shape)} "
                 f"on {bias.device}"
             )
-    formats.get(w.fmt)
-    return _linear(x, w.blocks, w.scales, bias, w.fmt, w.block_size, n, k)
+    planes = _planes(w.blocks, formats.get(w.fmt).bits)
+    return _linear(x, planes, w.scales, bias, w.fmt, w.block_size, n, k)

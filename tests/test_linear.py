@@ -245,11 +245,13 @@ def test_device_mismatch():
 # ---- torch integration ----------------------------------------------------------------------------
 
 
-def test_custom_op_opcheck():
-    q = _weights("mxfp4", N, K)
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp6_e2m3"])
+def test_custom_op_opcheck(fmt):
+    q = _weights(fmt, N, K)
     x = torch.randn(3, K, dtype=torch.bfloat16)
     b = torch.randn(N, dtype=torch.bfloat16)
-    torch.library.opcheck(ops._linear, (x, q.blocks, q.scales, b, q.fmt, q.block_size, N, K))
+    planes = ops._planes(q.blocks, mxgemm.formats.get(fmt).bits)
+    torch.library.opcheck(ops._linear, (x, planes, q.scales, b, q.fmt, q.block_size, N, K))
 
 
 def test_compiles_without_graph_breaks():

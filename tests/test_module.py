@@ -62,8 +62,32 @@ def test_from_linear_equals_functional_linear(fmt, a_dtype):
     expect = mxgemm.linear(x.to(a_dtype), q, lin.bias.detach().to(a_dtype)).float()
     y = m(x)
     assert y.dtype == torch.float32 and torch.equal(y, expect)
-    assert torch.equal(m.weight_blocks, q.blocks) and torch.equal(m.weight_scales, q.scales)
+    assert torch.equal(m.weight.blocks, q.blocks) and torch.equal(m.weight_scales, q.scales)
     assert f"fmt={fmt}" in repr(m) and "block_size=32" in repr(m)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "bfp5", "bfp7", "mxfp4"])
+def test_codes_held_once_in_the_kernel_layout(fmt):
+    """The module holds the codes once (planes for 3/5/6/7 bits, no portable copy); its state dict
+    is the portable layout, and loading it back restores the same planes."""
+    lin = nn.Linear(128, 24)
+    m = MxLinear.from_linear(lin, fmt)
+    q = mxgemm.quantize(lin.weight.detach(), fmt)
+    code_bytes = sum(b.numel() for name, b in m.named_buffers() if name not in {"weight_scales", "bias"})
+    assert code_bytes == q.blocks.numel()
+    sd = m.state_dict()
+    assert torch.equal(sd["weight_blocks"], q.blocks) and sorted(sd) == [
+        "bias",
+        "weight_blocks",
+        "weight_scales",
+    ]
+    fresh = MxLinear(128, 24, fmt=fmt)
+    fresh.load_state_dict(sd)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.planes, m.planes, strict=True))
+    x = torch.randn(3, 128)
+    assert torch.equal(fresh(x), m(x))
+    with pytest.raises(RuntimeError, match="weight_blocks"):
+        MxLinear(128, 24, fmt=fmt).load_state_dict({k: v for k, v in sd.items() if k != "weight_blocks"})
 
 
 def test_mxlinear_bad_input():
