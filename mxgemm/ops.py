@@ -38,19 +38,21 @@ def decode_chunk_rows(n: int, k: int) -> int:
 def plan(m: int, device_type: str, fmt: str, n: int, k: int, a_dtype: str) -> tuple[str, int | None]:
     """How ``m`` rows of an ``[n, k]`` ``fmt`` weight run: ``("linear", bucket)``, the decode-fused
     kernel of that M bucket, or ``("decode", None)``: W decoded in 16 bits by a generated kernel, then
-    cuBLAS. CPU: always the fused kernel (one dynamic-M bucket). CUDA: M ≤ ``DECODE_ABOVE`` → the
-    small-M rule; M ≤ 64 with fp16 activations on a shape the tensor-core rule tiles → that rule;
-    otherwise decode + cuBLAS (tensor cores at the rate of cuBLAS; see ``benchmarks/README.md``)."""
+    cuBLAS. CPU: always the fused kernel (one dynamic-M bucket). CUDA, by what measured fastest on an
+    H100 (``benchmarks/README.md``): the small-M rule up to ``DECODE_ABOVE`` rows (up to 2 for
+    sub-byte codes when the tensor-core rule applies: it wins from 3 rows there); the tensor-core rule
+    (fp16 activations, shapes it tiles) up to 64 rows; decode + cuBLAS beyond."""
     from mxgemm.layout import plane_widths
     from mxgemm.rules import tensorcore
 
-    bucket = builder.m_bucket_for(m, device_type)
-    if device_type != "cuda" or m <= DECODE_ABOVE:
-        return "linear", bucket
+    if device_type != "cuda" or m == 1:
+        return "linear", builder.m_bucket_for(m, device_type)
     bits0 = plane_widths(formats.get(fmt).bits)[0]
-    if a_dtype == "float16" and bucket in tensorcore.M_TILES and tensorcore.shape_fits(n, k, bits0, bucket):
-        return "linear", bucket
-    return "decode", None
+    tc_bucket = next((b for b in tensorcore.M_TILES if m <= b), None)
+    tc = a_dtype == "float16" and tc_bucket is not None and tensorcore.shape_fits(n, k, bits0, tc_bucket)
+    if m <= (DECODE_ABOVE if bits0 == 8 or not tc else 2):
+        return "linear", builder.m_bucket_for(m, device_type)
+    return ("linear", tc_bucket) if tc else ("decode", None)
 
 
 def build_args(m: int, device_type: str, **layer) -> dict:
