@@ -41,7 +41,8 @@ class TuneError(ValueError):
 
 @dataclass(frozen=True)
 class Task:
-    """One (format, N, K, M bucket, activation dtype, arch) to tune."""
+    """One (format, N, K, M bucket, activation dtype, arch) to tune: a tune log key
+    (:data:`mxgemm.tunelog.KEY_FIELDS`)."""
 
     fmt: str
     n: int
@@ -51,7 +52,7 @@ class Task:
     arch: str
 
     def key(self) -> tuple:
-        return (self.fmt, self.n, self.k, self.m_bucket, self.a_dtype, self.arch)
+        return tuple(getattr(self, f) for f in tunelog.KEY_FIELDS)
 
     def target(self) -> dict[str, Any]:
         return targets.cpu() if self.arch.startswith("llvm") else targets.cuda(self.arch)
