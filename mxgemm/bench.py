@@ -12,7 +12,9 @@ the GPU box needs only the TVM runtime.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import statistics
 import time
@@ -42,17 +44,39 @@ def build_specs(shapes, ms, fmts, a_dtype: str, arch: str) -> list[dict[str, Any
     return list({json.dumps(s, sort_keys=True): s for s in specs}.values())
 
 
-def build_only(specs: list[dict[str, Any]], jobs: int = 2) -> None:
+def build_only(specs: list[dict[str, Any]], jobs: int = 2, compare_default: bool = False) -> None:
+    """Build ``specs`` (tuned hints from the tune logs; with ``compare_default`` the rules' default
+    hints too) into the kernel cache."""
     from concurrent.futures import ProcessPoolExecutor
 
     import mxgemm
 
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(jobs) as pool:
-        for i, k in enumerate(pool.map(_build_repr, specs)):
-            print(f"[{i + 1}/{len(specs)}] {k}", flush=True)
+    for tuned in (True, False) if compare_default else (True,):
+        with _tuned(tuned), ProcessPoolExecutor(jobs) as pool:  # workers inherit the setting
+            for i, k in enumerate(pool.map(_build_repr, specs)):
+                print(f"[{i + 1}/{len(specs)}] {k}", flush=True)
     where = mxgemm.codegen.cache.cache_dir()
     print(f"built {len(specs)} kernels in {time.perf_counter() - t0:.0f} s into {where}")
+
+
+@contextlib.contextmanager
+def _tuned(on: bool):
+    """Kernels built inside use the tune logs' hints (``on``) or the rules' defaults; the per-process
+    kernel memo of `mxgemm.linear` is cleared on the way in and out."""
+    from mxgemm import ops
+
+    old = os.environ.get("MXGEMM_TUNED")
+    os.environ["MXGEMM_TUNED"] = "1" if on else "0"
+    ops._kernels.clear()
+    try:
+        yield
+    finally:
+        ops._kernels.clear()
+        if old is None:
+            del os.environ["MXGEMM_TUNED"]
+        else:
+            os.environ["MXGEMM_TUNED"] = old
 
 
 def _build_repr(kw: dict[str, Any]) -> str:
@@ -114,8 +138,11 @@ def run(
     a_dtype: str = "float16",
     out_dir: str | Path = "benchmarks/results",
     emulated: bool = True,
+    compare_default: bool = False,
 ) -> dict[str, Any]:
-    """Measure everything; write JSON + markdown (+ PNG if matplotlib is there); return the results."""
+    """Measure everything; write JSON + markdown (+ PNG if matplotlib is there); return the results.
+    ``compare_default`` adds ``mxgemm_default`` rows: the same kernels with the rules' default hints
+    instead of the tune logs' (the tuned-vs-default gain)."""
     import mxgemm
 
     dev = torch.device("cuda")
@@ -159,6 +186,9 @@ def run(
                 ]
                 calls = [(lambda qi=qi, xi=x[adt]: mxgemm.linear(xi, qi)) for qi in cps]
                 add("mxgemm", f, _time_graph(_cycle(calls)), nbytes)
+                if compare_default:
+                    with _tuned(False):
+                        add("mxgemm_default", f, _time_graph(_cycle(calls)), nbytes)
                 if emulated:  # a few calls only: each materializes the whole dequantized weight
                     calls = [
                         (lambda qi=qi, xi=x[adt]: torch.nn.functional.linear(xi, mxgemm.dequantize(qi, adt)))

@@ -77,7 +77,8 @@ def _bench(args: argparse.Namespace) -> int:
     fmts = tuple(args.formats.split(",")) if args.formats else bench.FORMATS
     ms = _ints(args.m) if args.m else bench.MS
     if args.build_only:
-        bench.build_only(bench.build_specs(shapes, ms, fmts, args.a_dtype, args.arch), jobs=args.jobs)
+        specs = bench.build_specs(shapes, ms, fmts, args.a_dtype, args.arch)
+        bench.build_only(specs, jobs=args.jobs, compare_default=args.compare_default)
         return 0
     if not torch.cuda.is_available():
         print(
@@ -85,7 +86,15 @@ def _bench(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    bench.run(shapes, ms, fmts, args.a_dtype, args.out, emulated=not args.no_emulated)
+    bench.run(
+        shapes,
+        ms,
+        fmts,
+        args.a_dtype,
+        args.out,
+        emulated=not args.no_emulated,
+        compare_default=args.compare_default,
+    )
     return 0
 
 
@@ -217,6 +226,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="benchmarks/results", help="results root (a folder per GPU below it)")
     b.add_argument("--no-emulated", action="store_true", help="skip the dequantize + F.linear baseline")
     b.add_argument("--build-only", action="store_true", help="only build the kernels (no GPU needed)")
+    b.add_argument(
+        "--compare-default",
+        action="store_true",
+        help="also time the kernels with the rules' default hints (mxgemm_default rows): the tuning gain",
+    )
     b.add_argument("--arch", default="sm_90", help="arch for --build-only")
     b.add_argument("--jobs", type=int, default=2, help="parallel builds for --build-only")
     b.set_defaults(func=_bench)
