@@ -142,7 +142,7 @@ def _build_one(item: tuple[Task, dict[str, Any]]) -> dict[str, Any] | None:
         "requested": hints,
         "rule": kern.rule,
         "path": str(kern.path),
-        "versions": builder.versions(kern.spec.target),
+        "versions": tunelog.rule_versions(kern.rule, builder.versions(kern.spec.target)),
         "build_s": time.perf_counter() - t0,
     }
 
@@ -264,8 +264,16 @@ def merge(kernel_dir: str | Path, log_path: str | Path) -> list[tunelog.Record]:
         if r.key() not in best or r.us < best[r.key()].us:
             best[r.key()] = r
     winners = list(best.values())
-    tunelog.merge(log_path, winners, winners[0].versions)
+    stale = [r for r in winners if r.versions != tunelog.rule_versions(r.rule, _build_versions(r.arch))]
+    if stale:  # measured kernels of other sources: keep the log's current records over them
+        log.warning("%d measured records are from other sources than this checkout's", len(stale))
+    tunelog.merge(log_path, winners, _build_versions(winners[0].arch))
     return winners
+
+
+def _build_versions(arch: str) -> dict[str, str | None]:
+    tgt = targets.cpu() if arch.startswith("llvm") else targets.cuda(arch)
+    return builder.versions(tgt)
 
 
 def summary(records: list[tunelog.Record]) -> str:

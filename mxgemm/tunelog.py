@@ -1,7 +1,9 @@
 """Tune logs: offline tuning results, one JSON record per line, looked up at build time (never tuned there).
 
 A record is keyed by (fmt, n, k, m_bucket, a_dtype, arch) and holds the schedule rule and config that
-won, its measured µs, the GPU, and the versions of mxgemm, TVM and nvcc that built it. Lookups read
+won, its measured µs, the GPU, and the versions that built it (:func:`rule_versions`: mxgemm, TVM,
+nvcc, and a digest of the sources the rule's hints depend on, so editing one rule does not throw away
+the other rules' records). Lookups read
 the shipped log (``tune_logs/<arch>.json`` beside the package) and the user's log
 (``$MXGEMM_TUNE_LOG`` or ``<user data dir>/tune_logs/<arch>.json``); a record from other versions is
 skipped (debug message) and a corrupt line or file is skipped with a warning, never an error.
@@ -9,6 +11,8 @@ skipped (debug message) and a corrupt line or file is skipped with a warning, ne
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import logging
 import os
@@ -74,19 +78,45 @@ def read(path: str | Path) -> list[Record]:
     return out
 
 
+# What a rule's hints depend on, besides the rule's own file (rules/<rule>.py).
+_RULE_INPUTS = ("codegen/prim_func.py", "codegen/decode.py", "formats.py", "layout.py")
+
+
+@functools.cache
+def _rule_digest(rule: str) -> str:
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for rel in (*_RULE_INPUTS, f"rules/{rule.split('.', maxsplit=1)[0]}.py"):
+        f = root / rel
+        h.update(rel.encode() + (f.read_bytes() if f.exists() else b""))
+    return h.hexdigest()[:16]
+
+
+def rule_versions(rule: str, versions: dict[str, str | None]) -> dict[str, str | None]:
+    """The versions a record of ``rule`` must carry to be current: the build ``versions`` (mxgemm,
+    TVM, nvcc; its whole-codegen digest left out) plus the digest of the prim_func, the decode, the
+    formats, the layout and the rule's own source."""
+    return {**{k: v for k, v in versions.items() if k != "codegen"}, "rule": _rule_digest(rule)}
+
+
+def _is_current(r: Record, versions: dict[str, str | None] | None) -> bool:
+    return versions is None or r.versions == rule_versions(r.rule, versions)
+
+
 def merge(
     path: str | Path, records: list[Record], versions: dict[str, str | None] | None = None
 ) -> list[Record]:
-    """Add ``records`` to the log at ``path`` (atomic, under a file lock); per key the fastest record
-    of the given ``versions`` wins, and records of other versions give way to current ones."""
+    """Add ``records`` to the log at ``path`` (atomic, under a file lock); per key the fastest current
+    record (:func:`rule_versions` of the build ``versions``) wins, and records of other versions give
+    way to current ones."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock"):
         best: dict[tuple, Record] = {}
         for r in [*read(path), *records]:
             old = best.get(r.key())
-            current = versions is None or r.versions == versions
-            old_current = old is not None and (versions is None or old.versions == versions)
+            current = _is_current(r, versions)
+            old_current = old is not None and _is_current(old, versions)
             if old is None or (current and not old_current) or (current == old_current and r.us < old.us):
                 best[r.key()] = r
         merged = sorted(best.values(), key=lambda r: tuple(str(v) for v in r.key()))
@@ -114,8 +144,9 @@ def user_log(arch: str) -> Path:
 
 
 def lookup(key: tuple, versions: dict[str, str | None], paths: list[Path] | None = None) -> Record | None:
-    """The fastest record for ``key`` (see :data:`KEY_FIELDS`) built with ``versions``, or None
-    (then the rules' default hints apply). The user log is read after the shipped one.
+    """The fastest current record for ``key`` (see :data:`KEY_FIELDS`; current: its versions are
+    :func:`rule_versions` of the build ``versions``), or None (then the rules' default hints apply).
+    The user log is read after the shipped one.
     ``$MXGEMM_TUNED=0`` turns lookups off (to measure the defaults)."""
     if os.environ.get("MXGEMM_TUNED", "1") == "0":
         return None
@@ -125,10 +156,9 @@ def lookup(key: tuple, versions: dict[str, str | None], paths: list[Path] | None
         for r in read(p):
             if r.key() != key:
                 continue
-            if r.versions != versions:
-                log.debug(
-                    "tune log %s: record for %s is from %s, not %s; skipped", p, key, r.versions, versions
-                )
+            if not _is_current(r, versions):
+                want = rule_versions(r.rule, versions)
+                log.debug("tune log %s: record for %s is from %s, not %s; skipped", p, key, r.versions, want)
                 continue
             if found is None or r.us < found.us:
                 found = r

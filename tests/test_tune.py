@@ -92,7 +92,7 @@ def test_tune_end_to_end_on_cpu(tmp_path, capsys, cpu_arch):
     assert "1 task(s) to tune" in out and "| mxfp4 | 64 | 256 | None |" in out
     (rec,) = tunelog.read(log)
     assert rec.rule == "cpu" and rec.config["n_tile"] in (16, 8, 4) and rec.us > 0
-    assert rec.versions == builder.versions(targets.cpu())
+    assert rec.versions == tunelog.rule_versions("cpu", builder.versions(targets.cpu()))
     assert _cli(*args) == 0 and "0 task(s) to tune" in capsys.readouterr().out
 
 
@@ -102,7 +102,17 @@ def test_build_uses_the_tuned_hints(tmp_path, monkeypatch, cpu_arch):
     monkeypatch.setenv("MXGEMM_TUNE_LOG", str(log))
     tgt = targets.cpu()
     rec = tunelog.Record(
-        "bfp4", 48, 128, None, "float16", cpu_arch, "cpu", {"n_tile": 4}, 1.0, "cpu", builder.versions(tgt)
+        "bfp4",
+        48,
+        128,
+        None,
+        "float16",
+        cpu_arch,
+        "cpu",
+        {"n_tile": 4},
+        1.0,
+        "cpu",
+        tunelog.rule_versions("cpu", builder.versions(tgt)),
     )
     stale = tunelog.Record(
         "bfp4", 48, 256, None, "float16", cpu_arch, "cpu", {"n_tile": 2}, 1.0, "cpu", {"mxgemm": "0"}

@@ -12,7 +12,9 @@ V2 = {"mxgemm": "0.2.0", "tvm": "0.27.0.post1", "nvcc": "13.0"}
 
 
 def rec(us, versions=V1, n=4096, rule="gemv", **config):
-    return Record("mxfp4", n, 4096, 1, "float16", "sm_90", rule, config, us, "NVIDIA H100", versions)
+    """A record built with the build ``versions`` (stored as the rule's versions, as `mxgemm tune` does)."""
+    cur = tunelog.rule_versions(rule, versions)
+    return Record("mxfp4", n, 4096, 1, "float16", "sm_90", rule, config, us, "NVIDIA H100", cur)
 
 
 def test_merge_keeps_the_fastest_per_key_and_round_trips(tmp_path):
@@ -28,7 +30,7 @@ def test_current_versions_replace_old_ones_even_if_slower(tmp_path):
     p = tmp_path / "sm_90.json"
     tunelog.merge(p, [rec(10.0, versions=V1)], V1)
     merged = tunelog.merge(p, [rec(12.0, versions=V2)], V2)
-    assert [(r.us, r.versions) for r in merged] == [(12.0, V2)]
+    assert [(r.us, r.versions) for r in merged] == [(12.0, tunelog.rule_versions("gemv", V2))]
 
 
 def test_lookup_skips_other_versions_and_prefers_the_fastest(tmp_path, caplog):
@@ -61,3 +63,24 @@ def test_log_locations(monkeypatch, tmp_path):
     assert tunelog.shipped_log("sm_90").parent.name == "tune_logs"
     monkeypatch.setenv("MXGEMM_TUNE_LOG", str(tmp_path / "mine.json"))
     assert tunelog.user_log("sm_90") == tmp_path / "mine.json"
+
+
+def test_rule_versions_follow_only_the_rules_own_sources(tmp_path, monkeypatch):
+    """A record stays current when another rule's source changes and goes stale when its own does."""
+    v = {**V1, "codegen": "whole-tree-digest"}
+    gemv, tc = tunelog.rule_versions("gemv", v), tunelog.rule_versions("tensorcore", v)
+    assert "codegen" not in gemv and gemv["mxgemm"] == "0.1.0" and gemv["rule"] != tc["rule"]
+    assert tunelog.rule_versions("dlight.GEMV", v)["rule"] == tunelog.rule_versions("dlight", v)["rule"]
+    assert tunelog.rule_versions("gemv", {**v, "codegen": "other"}) == gemv  # other sources: same
+    fake = tmp_path / "mxgemm"
+    (fake / "rules").mkdir(parents=True)
+    monkeypatch.setattr(tunelog, "__file__", str(fake / "tunelog.py"))
+    tunelog._rule_digest.cache_clear()
+    try:
+        (fake / "rules" / "gemv.py").write_text("A = 1\n")
+        before = tunelog.rule_versions("gemv", v)["rule"]
+        (fake / "rules" / "gemv.py").write_text("A = 2\n")
+        tunelog._rule_digest.cache_clear()
+        assert tunelog.rule_versions("gemv", v)["rule"] != before
+    finally:
+        tunelog._rule_digest.cache_clear()
