@@ -7,6 +7,7 @@ for the device's arch on the current torch stream.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -35,6 +36,7 @@ def decode_chunk_rows(n: int, k: int) -> int:
     return rows if rows * 4 >= target else n
 
 
+@functools.lru_cache(maxsize=4096)  # on the forward path: decided once per layer shape and M
 def plan(m: int, device_type: str, fmt: str, n: int, k: int, a_dtype: str) -> tuple[str, int | None]:
     """How ``m`` rows of an ``[n, k]`` ``fmt`` weight run: ``("linear", bucket)``, the decode-fused
     kernel of that M bucket, or ``("decode", None)``: W decoded in 16 bits by a generated kernel, then
@@ -151,6 +153,9 @@ def _linear(
     n: int,
     k: int,
 ) -> torch.Tensor:
+    """``x @ W.T (+ bias)``. x: fp16/bf16 ``[..., k]``; planes: the code planes of W in the kernel
+    layout (uint8 ``[n, k*w/8]`` each, :func:`mxgemm.layout.to_planes`); scales: uint8 ``[n, k/block]``;
+    bias: ``x.dtype [n]`` or None. Returns ``x.dtype [..., n]``."""
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0]
     if m == 0:
@@ -169,8 +174,8 @@ def _linear(
 
 
 def _decode_then_cublas(x2, planes, scales, bias, fmt, block_size, n, k) -> torch.Tensor:
-    """``x2 @ W.T (+ bias)``: W decoded into ``x2.dtype`` a row chunk at a time, each chunk multiplied
-    right away (``Y.T[chunk] = W[chunk] @ x2.T``) while it is in L2."""
+    """``x2 @ W.T (+ bias)`` with W decoded into ``x2.dtype`` by the generated decode kernel, then
+    cuBLAS; with :func:`decode_chunk_rows` < n, a row chunk at a time (``Y.T[chunk] = W[chunk] @ x2.T``)."""
     rows = decode_chunk_rows(n, k)
     kernel = _kernel(x2.device, fmt, rows, k, None, x2.dtype, False, block_size, "decode")
     w = torch.empty(rows, k, dtype=x2.dtype, device=x2.device)
