@@ -125,6 +125,16 @@ def _tune(args: argparse.Namespace) -> int:
         if not shapes:
             raise tune.TuneError("give --model MODEL_DIR or --shapes N,K ...")
         fmts = args.format.split(",") if args.format else list(mxgemm.formats.names())
+        if args.arch == "llvm":
+            from mxgemm.codegen import build as builder
+            from mxgemm.codegen import target as targets
+
+            args.arch = builder.arch_name(targets.cpu())
+        if not args.arch.startswith("llvm") and not args.build_only and not torch.cuda.is_available():
+            raise tune.TuneError(
+                f"measuring {args.arch} kernels needs a CUDA GPU: build with --build-only DIR here, "
+                "then run --measure DIR on the GPU box and --merge DIR"
+            )
         todo, notes = tune.tasks(shapes, fmts, _ints(args.m), args.a_dtype, args.arch)
         for note in notes:
             print(f"skipped {note}")
@@ -245,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--shapes", nargs="+", help="N,K pairs")
     t.add_argument("--format", help="comma list of formats (default: all)")
     t.add_argument("--m", default=",".join(map(str, (1, 16, 64, 256, 1024, 4096))), help="comma list of M")
-    t.add_argument("--arch", default="sm_90", help="sm_80, sm_90, ... or llvm-<cpu> (this CPU, LLVM)")
+    t.add_argument("--arch", default="sm_90", help="sm_80, sm_90, ... or llvm (this CPU)")
     t.add_argument("--a-dtype", default="float16", choices=("float16", "bfloat16"))
     t.add_argument(
         "--budget", type=_budget, default=(8, None), help="candidates per task (8) or seconds (60s)"

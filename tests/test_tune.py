@@ -160,3 +160,15 @@ def test_tune_bad_input(tmp_path, capsys, cpu_arch):
     assert "no measurements" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         _cli("--shapes", "64,256", "--budget", "lots")
+    if not torch.cuda.is_available():
+        assert _cli("--shapes", "64,256", "--arch", "sm_90", "--log", str(tmp_path / "l.json")) == 2
+        assert "needs a CUDA GPU: build with --build-only" in capsys.readouterr().err
+
+
+def test_tune_arch_llvm_means_this_cpu(tmp_path, capsys, cpu_arch):
+    log = tmp_path / "log.json"
+    assert (
+        _cli("--shapes", "32,64", "--format", "bfp4", "--arch", "llvm", "--budget", "1", "--log", str(log))
+        == 0
+    )
+    assert [r.arch for r in tunelog.read(log)] == [cpu_arch]
