@@ -1,8 +1,10 @@
 """GPU rule for the standalone decode (``decode_func``): the large-M path writes W once in 16 bits and
 hands it to cuBLAS.
 
-Each thread turns one wide load (16 bytes where K allows) of the widest code plane into ``vec`` weights
-(32 fp4 or 16 fp8) and stores them as 16-byte vectors; up to 128 threads per block.
+Each thread decodes 8 weights per step, the codes loaded in one piece per plane (4 bytes of fp4, 8 of
+fp8), and writes them with one 16-byte store, so a warp's store instruction covers 512 contiguous bytes
+(whole sectors). Measured on an H100 at 8192²: 104 → 70 µs for fp4 against 16-byte code loads and
+64-byte strided stores; at copy bandwidth. Up to 128 threads per block.
 """
 
 from __future__ import annotations
@@ -11,23 +13,20 @@ from typing import Any
 
 from tvm import s_tir, tirx
 
-LOAD_BYTES = (16, 8, 4, 2, 1)  # the widest that divides a row is used
 STORE = 8  # 16-bit elements per 16-byte store
 THREADS = (128, 64, 32, 16, 8, 4, 2, 1)  # per block: the largest that divides the work exactly
 
 
 def apply(func: tirx.PrimFunc, target: dict[str, Any]) -> s_tir.Schedule | None:
-    """Schedule for :func:`mxgemm.codegen.prim_func.decode_func`, or None when K does not split into
-    whole loads."""
+    """Schedule for :func:`mxgemm.codegen.prim_func.decode_func`, or None when K is not a multiple of 8."""
     del target
     sch = s_tir.Schedule(func)
     dec = sch.get_sblock("decode")
     planes = [r.source for r in sch.get(dec).reads][:-1]
     i, j = sch.get_loops(dec)
     k_ext = int(sch.get(j).extent)
-    bits0 = int(planes[0].shape[1]) * 8 // k_ext  # width of the widest plane
-    vec = next((b * 8 // bits0 for b in LOAD_BYTES if k_ext % (b * 8 // bits0) == 0 and b * 8 >= bits0), 0)
-    if not vec or vec % STORE:
+    vec = STORE  # one 16-byte store per step: a warp writes 512 contiguous bytes per instruction
+    if k_ext % vec:
         return None
     jo, jv = sch.split(j, [None, vec])
     t = sch.fuse(i, jo)
@@ -41,7 +40,8 @@ def apply(func: tirx.PrimFunc, target: dict[str, Any]) -> s_tir.Schedule | None:
     for idx in range(len(planes)):
         cache = sch.cache_read(dec, idx, "local")
         sch.compute_at(cache, tx)
-        sch.vectorize(sch.fuse(*sch.get_loops(cache)[2:]))
+        if inner := sch.get_loops(cache)[2:]:  # a 1-bit plane's 8 codes are a single byte
+            sch.vectorize(sch.fuse(*inner))
     sch.unroll(jv)
     store = sch.fuse(*sch.get_loops(out)[2:])
     _, sv = sch.split(store, [None, STORE])
