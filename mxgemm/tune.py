@@ -100,10 +100,7 @@ def candidates(task: Task, budget: int) -> list[dict[str, Any]]:
     if task.arch.startswith("llvm"):
         from mxgemm.rules import cpu
 
-        cands = cpu.candidates(task.n)
-        default = {"n_tile": next(t for t in cpu.N_TILES if task.n % t == 0)}
-        rest = [c for c in cands if c != default]
-        return [default, *rest][: max(1, budget)]
+        return cpu.candidates(task.n)[: max(1, budget)]  # the default (first fitting tile) leads
     from mxgemm.layout import plane_widths
     from mxgemm.rules import gemv, tensorcore
 
@@ -138,8 +135,7 @@ def _build_one(item: tuple[Task, dict[str, Any]]) -> dict[str, Any] | None:
         return None
     return {
         "task": asdict(task),
-        "hints": kern.info.get("hints", hints),
-        "requested": hints,
+        "hints": hints,
         "rule": kern.rule,
         "path": str(kern.path),
         "versions": tunelog.rule_versions(kern.rule, builder.versions(kern.spec.target)),
@@ -174,14 +170,12 @@ def build(todo: list[Task], budget: int, out_dir: Path, jobs: int = 2, progress=
 def _inputs(task: Task, device: torch.device, copies: int):
     """Activations ``[M bucket (64 if unbounded), k]``, ``copies`` copies of a random weight's code
     planes + scales (quantized on ``device``), an output buffer, and the weight's bytes."""
-    from mxgemm.layout import plane_widths, to_planes
+    from mxgemm.layout import transform_weight
     from mxgemm.reference import quantize
 
     g = torch.Generator(device).manual_seed(task.n * 31 + task.k)
     q = quantize(torch.randn(task.n, task.k, generator=g, device=device) * 0.02, task.fmt)
-    bits = formats.get(task.fmt).bits
-    planes = [q.blocks] if len(plane_widths(bits)) == 1 else to_planes(q.blocks, bits)
-    weights = [[t.clone() for t in [*planes, q.scales]] for _ in range(copies)]
+    weights = [[t.clone() for t in transform_weight(q)] for _ in range(copies)]
     m = task.m_bucket or 64
     x = torch.randn(m, task.k, generator=g, device=device).to(getattr(torch, task.a_dtype))
     y = torch.empty(m, task.n, dtype=x.dtype, device=device)
