@@ -43,13 +43,18 @@ def plan(m: int, device_type: str, fmt: str, n: int, k: int, a_dtype: str) -> tu
     cuBLAS. CPU: always the fused kernel (one dynamic-M bucket). CUDA, by what measured fastest on an
     H100 (``benchmarks/README.md``): the small-M rule up to ``DECODE_ABOVE`` rows (up to 2 for
     sub-byte codes when the tensor-core rule applies: it wins from 3 rows there); the tensor-core rule
-    (fp16 activations, shapes it tiles) up to 64 rows; decode + cuBLAS beyond."""
+    (fp16 activations, shapes it tiles) up to 64 rows; decode + cuBLAS beyond. The ``mma`` rule (fp16,
+    shapes it tiles) serves every bucket up to 64 rows."""
     from mxgemm.layout import plane_widths
-    from mxgemm.rules import tensorcore
+    from mxgemm.rules import mma, tensorcore
 
+    bucket = builder.m_bucket_for(m, device_type)
     if device_type != "cuda" or m == 1:
-        return "linear", builder.m_bucket_for(m, device_type)
-    bits0 = plane_widths(formats.get(fmt).bits)[0]
+        return "linear", bucket
+    f = formats.get(fmt)
+    if bucket in mma.M_TILES and mma.applies(f, f.block_size, a_dtype, bucket) and mma.shape_fits(n, k):
+        return "linear", bucket
+    bits0 = plane_widths(f.bits)[0]
     tc_bucket = next((b for b in tensorcore.M_TILES if m <= b), None)
     tc = a_dtype == "float16" and tc_bucket is not None and tensorcore.shape_fits(n, k, bits0, tc_bucket)
     if m <= (DECODE_ABOVE if bits0 == 8 or not tc else 2):

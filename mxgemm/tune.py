@@ -75,8 +75,8 @@ def model_shapes(model_dir: str | Path) -> list[tuple[int, int]]:
 
 def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[str]]:
     """(tasks with tunable hints, notes on what was left out and why)."""
+    from mxgemm import rules
     from mxgemm.ops import plan
-    from mxgemm.rules import gemv, tensorcore
 
     cuda = not arch.startswith("llvm")
     out, notes = [], []
@@ -87,8 +87,9 @@ def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[s
                 raise TuneError(f"shape {n},{k}: k is not a multiple of {fmt}'s block size {f.block_size}")
             for m in ms:
                 op, bucket = plan(m, "cuda" if cuda else "cpu", fmt, n, k, a_dtype)
-                if cuda and (op == "decode" or bucket not in (*gemv.M_TILES, *tensorcore.M_TILES)):
-                    notes.append(f"{n},{k} M={m}: decode + cuBLAS, no hints to tune")
+                tgt = Task(fmt, n, k, bucket, a_dtype, arch).target() if cuda else None
+                if cuda and (op == "decode" or not rules.rule_for(fmt, n, k, bucket, a_dtype, f.block_size, tgt)):
+                    notes.append(f"{n},{k} M={m}: {'decode + cuBLAS' if op == 'decode' else 'dlight'}, no hints to tune")
                     continue
                 out.append(Task(fmt, n, k, bucket, a_dtype, arch))
     return list(dict.fromkeys(out)), list(dict.fromkeys(notes))
@@ -101,13 +102,13 @@ def candidates(task: Task, budget: int) -> list[dict[str, Any]]:
         from mxgemm.rules import cpu
 
         return cpu.candidates(task.n)[: max(1, budget)]  # the default (first fitting tile) leads
+    from mxgemm import rules
     from mxgemm.layout import plane_widths
-    from mxgemm.rules import gemv, tensorcore
 
-    tc = task.m_bucket in tensorcore.M_TILES and task.a_dtype == "float16"  # as `mxgemm.rules.schedule`
-    rule = tensorcore if tc else gemv
-    bits0 = plane_widths(formats.get(task.fmt).bits)[0]
+    f = formats.get(task.fmt)
+    bits0 = plane_widths(f.bits)[0]
     tgt = task.target()
+    rule = rules.rule_for(task.fmt, task.n, task.k, task.m_bucket, task.a_dtype, f.block_size, tgt)
     default = rule.default_hints(tgt, task.n, task.k, bits0, task.m_bucket)
     fits = [h for h in rule.candidates(task.n, task.m_bucket) if rule.fits(h, task.n, task.k, bits0)]
     rest = sorted(
@@ -158,7 +159,7 @@ def build(todo: list[Task], budget: int, out_dir: Path, jobs: int = 2, progress=
     root = Path(out_dir)
     root.mkdir(parents=True, exist_ok=True)
     for e in entries:  # paths relative to the kernel directory, so the directory can travel
-        p = Path(e["path"])
+        p = Path(e["path"]).resolve()
         e["path"] = str(p.relative_to(root.resolve())) if p.is_relative_to(root.resolve()) else str(p)
     (root / MANIFEST).write_text(json.dumps(entries, indent=1))
     return entries

@@ -82,11 +82,15 @@ def read(path: str | Path) -> list[Record]:
 _RULE_INPUTS = ("codegen/prim_func.py", "codegen/decode.py", "formats.py", "layout.py")
 
 
+_RULE_EXTRA = {"mma": ("codegen/pairs.py",)}  # sources a rule has on top of _RULE_INPUTS
+
+
 @functools.cache
 def _rule_digest(rule: str) -> str:
     root = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for rel in (*_RULE_INPUTS, f"rules/{rule.split('.', maxsplit=1)[0]}.py"):
+    name = rule.split(".", maxsplit=1)[0]
+    for rel in (*_RULE_INPUTS, *_RULE_EXTRA.get(name, ()), f"rules/{name}.py"):
         f = root / rel
         h.update(rel.encode() + (f.read_bytes() if f.exists() else b""))
     return h.hexdigest()[:16]

@@ -1,13 +1,13 @@
 """Build the CUDA kernels of the GPU tests here (no GPU needed) into $MXGEMM_CACHE_DIR, so a GPU box with
 only the TVM runtime can run them: ``MXGEMM_CACHE_DIR=DIR python -m tests.prebuild_gpu sm_90 [JOBS [SETS]]``
-with SETS a comma list of linear, gemv, tensorcore, module, minilm (default: all)."""
+with SETS a comma list of linear, rules, module, minilm (default: all)."""
 
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
 import mxgemm
 from mxgemm.ops import build_args
-from tests.linear_cases import BLOCK_CASES, CHUNK_FORMATS, DTYPES, FORMATS, GEMV_MS, MS, K, N
+from tests.linear_cases import BLOCK_CASES, CHUNK_FORMATS, DTYPES, FORMATS, MS, K, N
 
 
 def cases(arch):
@@ -62,38 +62,26 @@ def minilm_cases(arch):
             yield build_args(36, "cuda", fmt=fmt, n=n, k=k, a_dtype="bfloat16", bias=True, target=arch)
 
 
-def gemv_cases(arch):
-    """tests.test_linear's small-M cases on a shape the `gemv` rule tiles."""
-    from tests.linear_cases import GEMV_K, GEMV_N
-
-    for fmt in FORMATS:
-        for dt in DTYPES:
-            for bias in (False, True):
-                for m in GEMV_MS:
-                    yield build_args(
-                        m, "cuda", fmt=fmt, n=GEMV_N, k=GEMV_K, a_dtype=dt, bias=bias, target=arch
-                    )
-                yield dict(fmt=fmt, n=GEMV_N, k=GEMV_K, m_bucket=16, a_dtype=dt, bias=bias, target=arch)
-            if fmt in CHUNK_FORMATS:  # test_gpu_decode_path_in_chunks: 64-row chunks of a [256, 2048] W
-                yield dict(fmt=fmt, n=GEMV_N, k=GEMV_K, a_dtype=dt, op="decode", target=arch)
-
-
-def tensorcore_cases(arch):
-    """tests.test_linear's tensor-core cases (fp16, M buckets 16 and 64)."""
-    from tests.linear_cases import TC_K, TC_MS, TC_N
+def rule_cases(arch):
+    """tests.test_linear's small-M cases: each rule pinned at its buckets, and `linear` as routed."""
+    from tests.linear_cases import CHUNK_FORMATS, GEMV_K, GEMV_N, RULE_CASES, TC_K, TC_N, rule_kernel, rule_shape
 
     for fmt in FORMATS:
         for bias in (False, True):
-            for m in TC_MS:
-                yield build_args(
-                    m, "cuda", fmt=fmt, n=TC_N, k=TC_K, a_dtype="float16", bias=bias, target=arch
-                )
+            for rule, dt in RULE_CASES:
+                for m in rule_shape(rule)[2]:
+                    yield rule_kernel(rule, fmt, dt, bias, m, arch)
+            for dt in DTYPES:
+                for m in (1, 3, 5, 16, 17, 64):
+                    yield build_args(m, "cuda", fmt=fmt, n=TC_N, k=TC_K, a_dtype=dt, bias=bias, target=arch)
+        if fmt in CHUNK_FORMATS:  # test_gpu_decode_path_in_chunks: 64-row chunks of a [256, 2048] W
+            for dt in DTYPES:
+                yield dict(fmt=fmt, n=GEMV_N, k=GEMV_K, a_dtype=dt, op="decode", target=arch)
 
 
 SETS = {
     "linear": cases,
-    "gemv": gemv_cases,
-    "tensorcore": tensorcore_cases,
+    "rules": rule_cases,
     "module": module_cases,
     "minilm": minilm_cases,
 }

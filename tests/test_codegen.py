@@ -13,6 +13,7 @@ import mxgemm
 from mxgemm.codegen import cache, nvcc
 from mxgemm.codegen import target as targets
 from mxgemm.layout import plane_widths
+from mxgemm.rules import tensorcore
 
 
 def _script(func):
@@ -117,14 +118,20 @@ def test_cpu_kernel_exposes_llvm_source():
 def test_cuda_compiles_every_format(fmt):
     """Small-M (ours), M=256 (dlight) and standalone-decode (ours) schedules are produced and nvcc
     compiles them into a fatbin (no CUDA source left)."""
-    for m_bucket, dtype, op, rule in (
-        (1, "float16", "linear", "gemv"),
-        (16, "bfloat16", "linear", "gemv"),  # no bf16 tensor-core rule yet: the small-M rule
-        (64, "float16", "linear", "tensorcore"),
-        (256, "bfloat16", "linear", "dlight."),
-        (None, "float16", "decode", "dequant"),
+    bits0 = plane_widths(mxgemm.formats.get(fmt).bits)[0]
+    tc_hints = tensorcore.default_hints(targets.cuda("sm_90"), 256, 2048, bits0, 64)
+    for m_bucket, dtype, op, rule, hints in (
+        (1, "float16", "linear", "gemv" if bits0 == 8 else "mma", None),  # 8-bit codes stream faster
+        (4, "float16", "linear", "mma", {"nt": 1, "kw": 2, "unroll": 2}),  # tuned hints pick their rule
+        (16, "bfloat16", "linear", "gemv", None),  # no bf16 tensor-core rule yet: the small-M rule
+        (64, "float16", "linear", "mma", None),
+        (64, "float16", "linear", "tensorcore", tc_hints.to_dict()),  # tuned hints pick their rule
+        (256, "bfloat16", "linear", "dlight.", None),
+        (None, "float16", "decode", "dequant", None),
     ):
-        k = mxgemm.build(fmt, n=256, k=2048, m_bucket=m_bucket, a_dtype=dtype, target="sm_90", op=op)
+        k = mxgemm.build(
+            fmt, n=256, k=2048, m_bucket=m_bucket, a_dtype=dtype, target="sm_90", op=op, hints=hints
+        )
         data = k.path.read_bytes()
         assert nvcc.FATBIN_MAGIC in data and b"__global__" not in data
         assert "__global__" in k.source
@@ -133,7 +140,10 @@ def test_cuda_compiles_every_format(fmt):
 
 @pytest.mark.nvcc
 def test_cuda_rules_by_bucket():
-    gemv = mxgemm.build("mxfp4", n=256, k=1024, m_bucket=1, a_dtype="float16", target="sm_90")
+    mma = mxgemm.build("mxfp4", n=256, k=1024, m_bucket=1, a_dtype="float16", target="sm_90")
+    assert mma.rule == "mma" and "mma.sync.aligned.m16n8k16" in mma.source
+    assert "uint4" in mma.source  # 16-byte loads of A
+    gemv = mxgemm.build("mxfp4", n=256, k=1024, m_bucket=1, a_dtype="bfloat16", target="sm_90")
     assert gemv.rule == "gemv" and "uint4" in gemv.source  # ours: 16-byte weight loads
     assert gemv.info["hints"] == {
         "rows": 1,
@@ -145,12 +155,24 @@ def test_cuda_rules_by_bucket():
         "mxfp4", n=256, k=1024, m_bucket=4, target="sm_90", hints={"rows": 2, "load_bytes": 8, "a_vec": 4}
     )
     assert tuned.rule == "gemv" and "__launch_bounds__(64)" in tuned.source and "uint2" in tuned.source
-    ragged = mxgemm.build("mxfp4", n=40, k=96, m_bucket=1, a_dtype="float16", target="sm_90")
-    assert ragged.rule == "dlight.GEMV"  # K not a multiple of 32 x 32: dlight's GEMV
+    ragged = mxgemm.build("mxfp4", n=43, k=96, m_bucket=1, a_dtype="float16", target="sm_90")
+    assert ragged.rule == "dlight.GEMV"  # N not a multiple of 8, K not of 32 x 32: dlight's GEMV
     big = mxgemm.build("mxfp4", n=256, k=512, m_bucket=256, a_dtype="float16", target="sm_90")
     assert big.rule == "dlight.Matmul" and "wmma" in big.source  # tensor cores for fp16
     sm80 = mxgemm.build("mxfp4", n=256, k=512, m_bucket=1, a_dtype="float16", target="sm_80")
     assert nvcc.FATBIN_MAGIC in sm80.path.read_bytes()
+
+
+@pytest.mark.nvcc
+def test_mma_hints_shape_the_kernel():
+    """The mma rule's hints land in the kernel: block size (kw warps), and a tuned record that does
+    not fit the shape falls back to the defaults."""
+    k = mxgemm.build("mxfp6_e3m2", n=512, k=1024, m_bucket=16, target="sm_90", hints={"nt": 2, "kw": 4, "unroll": 2})
+    assert k.rule == "mma" and k.info["hints"] == {"nt": 2, "kw": 4, "unroll": 2}
+    # unroll × nt × (16 rows: 2 n8 tiles of activations) × 2 mmas, in the pipelined loop and after it
+    assert "__launch_bounds__(128)" in k.source and k.source.count("mma.sync") == 2 * (2 * 2 * 2 * 2)
+    odd = mxgemm.build("mxfp6_e3m2", n=528, k=1024, m_bucket=16, target="sm_90", hints={"nt": 2, "kw": 4, "unroll": 2})
+    assert odd.rule == "mma" and odd.info["hints"]["nt"] == 1  # 528 = 33 tiles of 16 rows
 
 
 # ---- kernel cache ---------------------------------------------------------------------------------

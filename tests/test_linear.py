@@ -11,14 +11,15 @@ from tests.linear_cases import (
     DTYPES,
     FORMATS,
     GEMV_K,
-    GEMV_MS,
     GEMV_N,
     MS,
+    RULE_CASES,
     TC_K,
-    TC_MS,
     TC_N,
     K,
     N,
+    rule_kernel,
+    rule_shape,
 )
 
 
@@ -107,47 +108,42 @@ def test_gpu_block_sizes(fmt, block, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("rule", "dtype"), RULE_CASES)
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_gpu_gemv_rule(fmt, dtype, bias):
-    """Small M on a shape our `gemv` rule tiles (buckets 1 and 4 through `linear`; the M=16 tile called
-    directly): numerics, and one-hot rows give W's columns bit-exactly (padded rows must not leak)."""
-    q = _weights(fmt, GEMV_N, GEMV_K).to("cuda")
+def test_gpu_small_m_rules(fmt, rule, dtype, bias):
+    """Each small-M rule, pinned by its default hints, at every M bucket it serves (padded and full)
+    on a shape it tiles: numerics, and one-hot rows give W's columns bit-exactly (padded rows must not
+    leak, every column lands where it belongs)."""
+    n, k, ms = rule_shape(rule)
+    q = _weights(fmt, n, k).to("cuda")
     dt = getattr(torch, dtype)
     w = mxgemm.dequantize(q).to(dt)
-    cols = torch.tensor([0, 1, 777, GEMV_K - 1, 5, 1024, 31, 2047, 99, 100, 101])
-    for m in GEMV_MS:
-        _run(fmt, dtype, bias, m, "cuda", n=GEMV_N, k=GEMV_K)
-        x = torch.zeros(m, GEMV_K, dtype=dt, device="cuda")
-        x[torch.arange(m), cols[:m]] = 1
-        assert torch.equal(mxgemm.linear(x, q), w[:, cols[:m]].T), (fmt, m)
-    kernel = mxgemm.build(fmt, n=GEMV_N, k=GEMV_K, m_bucket=16, a_dtype=dtype, target="cuda", bias=bias)
-    assert kernel.rule == "gemv"
-    x = torch.zeros(len(cols), GEMV_K, dtype=dt, device="cuda")
-    x[torch.arange(len(cols)), cols] = 1
-    b = torch.randn(GEMV_N, device="cuda").to(dt) if bias else None
-    y = torch.full((len(cols), GEMV_N), float("nan"), dtype=dt, device="cuda")
-    kernel(x, *ops._planes(q.blocks, mxgemm.formats.get(fmt).bits), q.scales, *([b] if bias else []), y)
-    want = (w[:, cols].T.float() + (b.float() if bias else 0)).to(dt)
-    assert torch.equal(y, want), fmt
+    planes = ops._planes(q.blocks, mxgemm.formats.get(fmt).bits)
+    g = torch.Generator().manual_seed(7)
+    b = torch.randn(n, generator=g).to(dt).to("cuda") if bias else None
+    for m in ms:
+        kernel = mxgemm.build(**rule_kernel(rule, fmt, dtype, bias, m, "cuda"))
+        assert kernel.rule == rule, (kernel, rule)
+        x = torch.randn(m, k, generator=g).to(dt).to("cuda")
+        y = torch.full((m, n), float("nan"), dtype=dt, device="cuda")
+        kernel(x, *planes, q.scales, *([b] if bias else []), y)
+        _check(x, q, b, y)
+        cols = torch.arange(m) * 31 % k
+        x = torch.zeros(m, k, dtype=dt, device="cuda")
+        x[torch.arange(m), cols] = 1
+        kernel(x, *planes, q.scales, *([b] if bias else []), y)
+        want = (w[:, cols].T.float() + (b.float() if bias else 0)).to(dt)
+        assert torch.equal(y, want), (fmt, rule, m)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_gpu_tensorcore_rule(fmt, bias):
-    """fp16, 4 < M ≤ 64 on a shape the tensor-core rule tiles (M buckets 16 and 64, split K):
-    numerics, and one-hot rows give W's columns bit-exactly (padded rows must not leak)."""
-    n, k = TC_N, TC_K
-    for m in TC_MS:
-        assert ops.plan(m, "cuda", fmt, n, k, "float16")[0] == "linear"
-        _run(fmt, "float16", bias, m, "cuda", n=n, k=k)
-    q = _weights(fmt, n, k).to("cuda")
-    w = mxgemm.dequantize(q).to(torch.float16)
-    cols = torch.arange(TC_MS[-1]) * 31 % k
-    x = torch.zeros(len(cols), k, dtype=torch.float16, device="cuda")
-    x[torch.arange(len(cols)), cols] = 1
-    assert torch.equal(mxgemm.linear(x, q), w[:, cols].T), fmt
+def test_gpu_linear_small_m(fmt, dtype, bias):
+    """`mxgemm.linear` at small M on shapes the rules tile, as `ops.plan` routes them."""
+    for m in (1, 3, 5, 16, 17, 64):
+        _run(fmt, dtype, bias, m, "cuda", n=TC_N, k=TC_K)
 
 
 @pytest.mark.parametrize("fmt", CHUNK_FORMATS)

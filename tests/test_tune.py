@@ -11,7 +11,7 @@ from mxgemm import cli, tune, tunelog
 from mxgemm.codegen import build as builder
 from mxgemm.codegen import target as targets
 from mxgemm.layout import plane_widths
-from mxgemm.rules import gemv, tensorcore
+from mxgemm.rules import gemv, mma, tensorcore
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +51,14 @@ def test_tasks_cover_the_tunable_buckets(cpu_arch):
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("fmt", ["mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "bfp3"])
-@pytest.mark.parametrize(("m_bucket", "rule"), [(1, gemv), (16, tensorcore), (64, tensorcore)])
-def test_candidates_deterministic_and_valid(arch, fmt, m_bucket, rule):
-    task = tune.Task(fmt, 11008 if rule is gemv else 14336, 4096, m_bucket, "float16", arch)
+@pytest.mark.parametrize(
+    ("m_bucket", "dtype", "rule"),
+    [(1, "float16", mma), (16, "float16", mma), (64, "float16", mma), (1, "bfloat16", gemv), (16, "bfloat16", gemv)],
+)
+def test_candidates_deterministic_and_valid(arch, fmt, m_bucket, dtype, rule):
+    if m_bucket == 1 and fmt == "mxfp8_e4m3":
+        rule = gemv  # 8-bit codes below 16 rows: gemv streams them faster
+    task = tune.Task(fmt, 11008 if rule is gemv else 14336, 4096, m_bucket, dtype, arch)
     cands = tune.candidates(task, 8)
     assert cands == tune.candidates(task, 8) and len(cands) == 8
     bits0 = plane_widths(mxgemm.formats.get(fmt).bits)[0]
@@ -64,19 +69,30 @@ def test_candidates_deterministic_and_valid(arch, fmt, m_bucket, rule):
 
 @pytest.mark.nvcc
 def test_every_gemv_candidate_builds():
-    task = tune.Task("mxfp4", 256, 2048, 4, "float16", "sm_90")
+    task = tune.Task("mxfp4", 256, 2048, 4, "bfloat16", "sm_90")
     for hints in tune.candidates(task, 64):
-        k = mxgemm.build("mxfp4", n=256, k=2048, m_bucket=4, target="sm_90", hints=hints)
+        k = mxgemm.build("mxfp4", n=256, k=2048, m_bucket=4, a_dtype="bfloat16", target="sm_90", hints=hints)
         assert k.rule == "gemv" and k.info["hints"] == hints
 
 
 @pytest.mark.nvcc
+def test_every_mma_candidate_builds():
+    task = tune.Task("mxfp6_e3m2", 256, 2048, 64, "float16", "sm_90")
+    cands = tune.candidates(task, 64)
+    assert len(cands) > 20
+    for hints in cands:
+        k = mxgemm.build("mxfp6_e3m2", n=256, k=2048, m_bucket=64, target="sm_90", hints=hints)
+        assert k.rule == "mma" and k.info["hints"] == hints and "mma.sync" in k.source
+
+
+@pytest.mark.nvcc
 def test_tensorcore_candidates_build():
-    """The first candidates of the tensor-core rule (the ones a budget of 6 measures) compile."""
-    task = tune.Task("mxfp6_e2m3", 256, 2048, 64, "float16", "sm_90")
-    for hints in tune.candidates(task, 6):
-        k = mxgemm.build("mxfp6_e2m3", n=256, k=2048, m_bucket=64, target="sm_90", hints=hints)
-        assert k.rule == "tensorcore" and k.info["hints"] == hints and "mma_sync" in k.source
+    """The tensor-core rule's cheapest candidates compile when a tune log's hints pin the rule."""
+    tgt, bits0 = targets.cuda("sm_90"), plane_widths(mxgemm.formats.get("mxfp6_e2m3").bits)[0]
+    fits = [h for h in tensorcore.candidates(256, 64) if tensorcore.fits(h, 256, 2048, bits0)]
+    for h in sorted(fits, key=lambda h: tensorcore.cost(h, tgt, 256, 2048, bits0, 64))[:6]:
+        k = mxgemm.build("mxfp6_e2m3", n=256, k=2048, m_bucket=64, target="sm_90", hints=h.to_dict())
+        assert k.rule == "tensorcore" and k.info["hints"] == h.to_dict() and "mma_sync" in k.source
 
 
 def _cli(*args):

@@ -170,7 +170,7 @@ def _compile(spec: KernelSpec, out: Path) -> dict[str, Any]:
             )
 
         tuned = None if spec.schedule == "default" else json.loads(spec.schedule)
-        rule, mod, hints = rules.schedule(make, spec.target, spec.m_bucket, tuned)
+        rule, mod, hints = rules.schedule(make, spec.target, spec, tuned)
     if targets.is_cuda(spec.target):
         from mxgemm.codegen import nvcc
 

@@ -8,36 +8,70 @@ from typing import Any
 
 from tvm import tirx
 
+from mxgemm import formats
 from mxgemm.rules import cpu
 
 log = logging.getLogger(__name__)
 
 
+def rule_for(fmt: str, n: int, k: int, m_bucket: int | None, a_dtype: str, block_size: int, target: dict[str, Any]):
+    """The tunable CUDA rule (module) that serves this layer shape and M bucket: ``mma`` (fp16, codes
+    exact in fp16, a tile that fits; 8-bit codes from 16 rows: below, ``gemv`` streams them faster),
+    else ``tensorcore`` (fp16, buckets 16/64), else ``gemv`` (buckets 1/4/16); None for the rest
+    (dlight). The one routing `schedule` and `mxgemm tune` share; a tune log may pin another rule."""
+    from mxgemm.layout import plane_widths
+    from mxgemm.rules import gemv, mma, tensorcore
+
+    f = formats.get(fmt)
+    bits0 = plane_widths(f.bits)[0]
+    small_8bit = bits0 == 8 and m_bucket in gemv.M_TILES and m_bucket < 16
+    if (
+        not small_8bit
+        and mma.applies(f, block_size, a_dtype, m_bucket)
+        and mma.default_hints(target, n, k, bits0, m_bucket)
+    ):
+        return mma
+    if m_bucket in tensorcore.M_TILES and a_dtype == "float16":
+        return tensorcore
+    return gemv if m_bucket in gemv.M_TILES else None
+
+
 def schedule(
     make: Callable[[str | None], tirx.PrimFunc],
     target: dict[str, Any],
-    m_bucket: int | None,
+    spec: Any,
     hints: dict[str, Any] | None = None,
 ) -> tuple[str, Any, dict[str, Any]]:
-    """(rule name, scheduled IRModule, the hints used) for the decode-fused prim_func ``make(decode_dtype)``
-    on ``target`` serving M rows up to ``m_bucket``; ``hints`` (from a tune log) override the rule's
-    defaults."""
+    """(rule name, scheduled IRModule, the hints used) for the kernel of ``spec`` (a
+    :class:`~mxgemm.codegen.build.KernelSpec`, ``op="linear"``): ``make(decode_dtype)`` gives its
+    decode-fused prim_func; ``hints`` (from a tune log) override the rule's defaults. A rule that
+    cannot tile the shape hands over to the next (``tensorcore`` → ``gemv`` → dlight)."""
     import tvm
 
+    m_bucket = spec.m_bucket
     if target["kind"] == "cuda":
-        from mxgemm.rules import dlight, gemv, tensorcore
+        from mxgemm.rules import dlight, gemv, mma, tensorcore
 
-        if m_bucket in tensorcore.M_TILES:
-            func = make(None)  # decode in a_dtype: the tensor cores take fp16
-            for h in _tuned(tensorcore.Hints, hints) + [None]:  # tuned, else the defaults
-                if (got := tensorcore.apply(func, target, m_bucket, h)) is not None:
-                    return "tensorcore", got[0].mod, got[1].to_dict()
-
-        if m_bucket in gemv.M_TILES:
-            func = make("float32")
-            for h in _tuned(gemv.Hints, hints) + [None]:  # tuned, else the defaults
-                if (got := gemv.apply(func, target, m_bucket, h)) is not None:
-                    return "gemv", got[0].mod, got[1].to_dict()
+        # Tuned hints name their rule by their fields (a tune log keeps the fastest rule's record);
+        # then the rule for the shape, then the ones after it.
+        hinted = [r for r in (mma, tensorcore, gemv) if _tuned(r.Hints, hints, quiet=True)]
+        first = rule_for(spec.fmt, spec.n, spec.k, m_bucket, spec.a_dtype, spec.block_size, target)
+        if hints and not hinted:
+            log.warning("ignoring tuned hints %s: no rule takes them", hints)
+        for rule in dict.fromkeys(r for r in (*hinted, first, tensorcore, gemv) if r is not None):
+            tuned = _tuned(rule.Hints, hints, quiet=True)
+            if rule is mma and (got := mma.apply(spec, tuned)) is not None:
+                return "mma", tvm.IRModule({"main": got[0]}), got[1].to_dict()
+            if rule is tensorcore and m_bucket in tensorcore.M_TILES and spec.a_dtype == "float16":
+                func = make(None)  # decode in a_dtype: the tensor cores take fp16
+                for h in [*tuned, None]:  # tuned, else the defaults
+                    if (got := tensorcore.apply(func, target, m_bucket, h)) is not None:
+                        return "tensorcore", got[0].mod, got[1].to_dict()
+            if rule is gemv and m_bucket in gemv.M_TILES:
+                func = make("float32")
+                for h in [*tuned, None]:
+                    if (got := gemv.apply(func, target, m_bucket, h)) is not None:
+                        return "gemv", got[0].mod, got[1].to_dict()
         name, mod = dlight.apply(make(None), target, m_bucket)
         return name, mod, {}
     func = make("float32")
@@ -62,12 +96,14 @@ def schedule_decode(func: tirx.PrimFunc, target: dict[str, Any]) -> tuple[str, A
     return "unscheduled", tvm.IRModule({"main": func})
 
 
-def _tuned(kind: Callable, hints: dict[str, Any] | None) -> list:
-    """``[kind(**hints)]``, or ``[]`` when there are none or they do not fit ``kind`` (logged)."""
+def _tuned(kind: Callable, hints: dict[str, Any] | None, quiet: bool = False) -> list:
+    """``[kind(**hints)]``, or ``[]`` when there are none or they do not fit ``kind`` (logged unless
+    ``quiet``)."""
     if not hints:
         return []
     try:
         return [kind(**hints)]
     except (TypeError, ValueError) as e:
-        log.warning("ignoring tuned hints %s: %s", hints, e)
+        if not quiet:
+            log.warning("ignoring tuned hints %s: %s", hints, e)
         return []

@@ -1,0 +1,80 @@
+"""The fp16-pair decode of the ``mma`` rule (:mod:`mxgemm.codegen.pairs`), run on the CPU (LLVM),
+bit-exact against ml_dtypes / the two's complement oracle for every code of every format."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import mxgemm
+from mxgemm import formats, packing
+from mxgemm.codegen import pairs
+from mxgemm.layout import plane_widths, to_planes
+from tests import oracle
+
+FORMATS = [f for f in formats.names() if pairs.supported(formats.get(f))]
+
+
+def _words(codes: np.ndarray, bits: int) -> np.ndarray:
+    """uint8 codes ``[cases, 8]`` → uint32 ``[cases, planes, 2]``: each plane's ``w`` bytes as the
+    kernel loads them (little endian, zero-extended)."""
+    planes = to_planes(packing.pack(torch.from_numpy(codes), bits), bits)
+    out = np.zeros((codes.shape[0], len(planes), 2), np.uint32)
+    for p, plane in enumerate(planes):
+        raw = np.zeros((codes.shape[0], 8), np.uint8)
+        raw[:, : plane.shape[1]] = plane.numpy()
+        out[:, p] = raw.view(np.uint32)
+    return out
+
+
+def _decode_fn(fmt, cases: int):
+    import tvm
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder import tirx as T
+
+    n_planes = len(plane_widths(fmt.bits))
+    with IRBuilder() as ib:
+        with T.prim_func():
+            T.func_name("main")
+            w = T.match_buffer(T.arg("W", T.handle()), (cases, n_planes, 2), "uint32")
+            o = T.match_buffer(T.arg("O", T.handle()), (cases, 4), "uint32")
+            with T.serial(0, cases) as c:
+                for pair in range(4):
+                    bits = pairs.decode_pair(fmt, lambda p, i: w[c, p, i], pair, cuda=False)
+                    T.buffer_store(o, bits, [c, pair])
+    return tvm.compile(tvm.IRModule({"main": ib.get()}), target="llvm")["main"]
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_every_code_pair_bit_exact(name):
+    """Every code at every position of a run of 8 (and each next to every other code) decodes to
+    its value times the format's fp16 offset, exactly."""
+    import tvm
+
+    fmt = formats.get(name)
+    spec = oracle.SPECS[name]
+    n = 2**fmt.bits
+    rng = np.random.default_rng(fmt.bits)
+    a, b = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    codes = np.empty((n * n, 8), np.uint8)
+    for pos in range(0, 8, 2):  # the pair (a, b) at every pair position, random codes elsewhere
+        codes[:, pos], codes[:, pos + 1] = a.ravel(), b.ravel()
+    codes = np.concatenate([np.roll(codes, s, axis=1) for s in range(0, 8, 2)])
+    codes[:, :] = np.where(rng.random(codes.shape) < 0.25, rng.integers(0, n, codes.shape), codes)
+    words = _words(codes, fmt.bits)
+    out = np.zeros((codes.shape[0], 4), np.uint32)
+    w_t, o_t = tvm.runtime.tensor(words), tvm.runtime.tensor(out)
+    _decode_fn(fmt, codes.shape[0])(w_t, o_t)
+    got = o_t.numpy().view(np.float16).reshape(-1, 8).astype(np.float64) * pairs.out_factor(fmt)
+    want = oracle.decode(codes, spec)
+    special = ~np.isfinite(want)  # NaN/inf codes (never produced by quantize)
+    if name == "mxfp8_e5m2":  # they land on the fp16 inf/NaN codes
+        assert np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(got[np.isinf(want)], want[np.isinf(want)])
+    np.testing.assert_array_equal(got[~special], want[~special])
+    assert mxgemm.formats.get(name).bits == spec.bits
+
+
+def test_unsupported_format_is_refused():
+    wide = formats.Format("e6m1", "float", 8, 6, 1, "none", 32, None)
+    assert not pairs.supported(wide)
+    assert ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).bits == 8
