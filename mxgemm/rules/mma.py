@@ -28,8 +28,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tvm import tirx
-from tvm.script.ir_builder import IRBuilder
-from tvm.script.ir_builder import tirx as T
 
 from mxgemm import formats
 from mxgemm.codegen import pairs
@@ -152,6 +150,11 @@ def kernel(
     """The kernel as a PrimFunc with :func:`~mxgemm.codegen.prim_func.prim_func`'s arguments: A
     ``float16 [m, k]`` (``m`` static 1 for the bucket 1, else dynamic), the code planes ``uint8 [n,
     k*w/8]``, S ``uint8 [n, k/block_size]``, Bias ``out_dtype [n]`` (if ``bias``), Y ``out_dtype [m, n]``."""
+    # here, not at import: a GPU box with the TVM runtime alone runs prebuilt kernels and routes with
+    # this module, and its TVM has no script builder
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder import tirx as T
+
     h = hints
     widths = plane_widths(fmt.bits)
     xt_n = -(-m_tile // 8)  # n8 tiles of activation rows
