@@ -122,7 +122,8 @@ def test_cuda_compiles_every_format(fmt):
     tc_hints = tensorcore.default_hints(targets.cuda("sm_90"), 256, 2048, bits0, 64)
     for m_bucket, dtype, op, rule, hints in (
         (1, "float16", "linear", "gemv" if bits0 == 8 else "mma", None),  # 8-bit codes stream faster
-        (4, "float16", "linear", "mma", {"nt": 1, "kw": 2, "unroll": 2}),  # tuned hints pick their rule
+        (4, "float16", "linear", "mma", None),
+        (4, "float16", "linear", "gemv", {"rows": 2, "load_bytes": 16, "a_vec": 8}),  # hints pick their rule
         (16, "bfloat16", "linear", "gemv", None),  # no bf16 tensor-core rule yet: the small-M rule
         (64, "float16", "linear", "mma", None),
         (64, "float16", "linear", "tensorcore", tc_hints.to_dict()),  # tuned hints pick their rule

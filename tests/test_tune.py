@@ -39,7 +39,7 @@ def test_model_shapes_from_config(tmp_path):
 
 def test_tasks_cover_the_tunable_buckets(cpu_arch):
     todo, notes = tune.tasks([(4096, 4096)], ["mxfp4"], (1, 2, 4, 16, 4096), "float16", "sm_90")
-    assert [t.m_bucket for t in todo] == [1, 4, 16]  # what `mxgemm.linear` runs: gemv, tensor cores
+    assert [t.m_bucket for t in todo] == [1, 4, 16]  # what `mxgemm.linear` runs: the mma rule
     assert notes == ["4096,4096 M=4096: decode + cuBLAS, no hints to tune"]
     bf16, notes = tune.tasks([(4096, 4096)], ["mxfp4"], (16,), "bfloat16", "sm_90")
     assert bf16 == [] and notes == ["4096,4096 M=16: decode + cuBLAS, no hints to tune"]
@@ -57,7 +57,7 @@ def test_tasks_cover_the_tunable_buckets(cpu_arch):
 )
 def test_candidates_deterministic_and_valid(arch, fmt, m_bucket, dtype, rule):
     if m_bucket == 1 and fmt == "mxfp8_e4m3":
-        rule = gemv  # 8-bit codes below 16 rows: gemv streams them faster
+        rule = gemv  # 8-bit codes at M=1: gemv streams them faster
     task = tune.Task(fmt, 11008 if rule is gemv else 14336, 4096, m_bucket, dtype, arch)
     cands = tune.candidates(task, 8)
     assert cands == tune.candidates(task, 8) and len(cands) == 8

@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 
 def rule_for(fmt: str, n: int, k: int, m_bucket: int | None, a_dtype: str, block_size: int, target: dict[str, Any]):
     """The tunable CUDA rule (module) that serves this layer shape and M bucket: ``mma`` (fp16, codes
-    exact in fp16, a tile that fits; 8-bit codes from 16 rows: below, ``gemv`` streams them faster),
+    exact in fp16, a tile that fits; not 8-bit codes at M=1, which ``gemv`` streams faster),
     else ``tensorcore`` (fp16, buckets 16/64), else ``gemv`` (buckets 1/4/16); None for the rest
     (dlight). The one routing `schedule` and `mxgemm tune` share; a tune log may pin another rule."""
     from mxgemm.layout import plane_widths
@@ -24,9 +24,8 @@ def rule_for(fmt: str, n: int, k: int, m_bucket: int | None, a_dtype: str, block
 
     f = formats.get(fmt)
     bits0 = plane_widths(f.bits)[0]
-    small_8bit = bits0 == 8 and m_bucket in gemv.M_TILES and m_bucket < 16
     if (
-        not small_8bit
+        not (bits0 == 8 and m_bucket == 1)
         and mma.applies(f, block_size, a_dtype, m_bucket)
         and mma.default_hints(target, n, k, bits0, m_bucket)
     ):
