@@ -164,6 +164,36 @@ def test_cuda_rules_by_bucket():
     assert nvcc.FATBIN_MAGIC in sm80.path.read_bytes()
 
 
+def test_routing_by_bucket_format_and_shape():
+    """One routing for `mxgemm.build` and `mxgemm tune` (`rules.rule_for`), and the M → kernel plan of
+    `mxgemm.linear` (`ops.plan`): fp16 up to 64 rows runs the mma rule where it tiles the shape, except
+    8-bit codes at M=1 (gemv); bf16 small M runs gemv; beyond 64 rows, decode + cuBLAS."""
+    from mxgemm import ops, rules
+    from mxgemm.rules import gemv, mma
+
+    tgt = targets.cuda("sm_90")
+    assert rules.rule_for("mxfp4", 4096, 4096, 1, "float16", 32, tgt) is mma
+    assert rules.rule_for("mxfp8_e4m3", 4096, 4096, 1, "float16", 32, tgt) is gemv
+    assert rules.rule_for("mxfp8_e4m3", 4096, 4096, 4, "float16", 32, tgt) is mma
+    assert rules.rule_for("mxfp6_e3m2", 4096, 4096, 64, "float16", 32, tgt) is mma
+    assert rules.rule_for("mxfp4", 4096, 4096, 16, "bfloat16", 32, tgt) is gemv
+    assert rules.rule_for("mxfp4", 4096, 4096, 16, "float16", 16, tgt) is not mma  # block 16: two scales a step
+    assert rules.rule_for("mxfp4", 4104, 4096, 1, "float16", 32, tgt) is gemv  # N not a multiple of 16
+    assert rules.rule_for("mxfp4", 4096, 4096, 256, "float16", 32, tgt) is None  # dlight
+    plans = {m: ops.plan(m, "cuda", "mxfp4", 4096, 4096, "float16") for m in (1, 2, 5, 16, 17, 64, 65)}
+    assert plans == {
+        1: ("linear", 1),
+        2: ("linear", 4),
+        5: ("linear", 16),
+        16: ("linear", 16),
+        17: ("linear", 64),
+        64: ("linear", 64),
+        65: ("decode", None),
+    }
+    assert ops.plan(16, "cuda", "mxfp4", 4096, 4096, "bfloat16") == ("decode", None)
+    assert ops.plan(3, "cpu", "mxfp4", 4096, 4096, "float16") == ("linear", None)
+
+
 @pytest.mark.nvcc
 def test_mma_hints_shape_the_kernel():
     """The mma rule's hints land in the kernel: block size (kw warps), and a tuned record that does
