@@ -40,19 +40,8 @@ class TuneError(ValueError):
 
 
 @dataclass(frozen=True)
-class Task:
-    """One (format, N, K, M bucket, activation dtype, arch) to tune: a tune log key
-    (:data:`mxgemm.tunelog.KEY_FIELDS`)."""
-
-    fmt: str
-    n: int
-    k: int
-    m_bucket: int | None
-    a_dtype: str
-    arch: str
-
-    def key(self) -> tuple:
-        return tuple(getattr(self, f) for f in tunelog.KEY_FIELDS)
+class Task(tunelog.Key):
+    """One tune log key to tune."""
 
     def target(self) -> dict[str, Any]:
         return targets.cpu() if self.arch.startswith("llvm") else targets.cuda(self.arch)

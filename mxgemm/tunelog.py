@@ -30,8 +30,8 @@ KEY_FIELDS = ("fmt", "n", "k", "m_bucket", "a_dtype", "arch")
 
 
 @dataclass(frozen=True)
-class Record:
-    """One tuned (format, shape, M bucket, dtype, arch): the winning schedule and its time."""
+class Key:
+    """What a tune log is keyed by: (format, N, K, M bucket, activation dtype, arch)."""
 
     fmt: str
     n: int
@@ -39,14 +39,20 @@ class Record:
     m_bucket: int | None
     a_dtype: str
     arch: str
+
+    def key(self) -> tuple:
+        return tuple(getattr(self, f) for f in KEY_FIELDS)
+
+
+@dataclass(frozen=True)
+class Record(Key):
+    """One tuned :class:`Key`: the winning rule, its hints and its time."""
+
     rule: str
     config: dict[str, Any] = field(default_factory=dict, hash=False)
     us: float = 0.0
     gpu: str = ""
     versions: dict[str, str | None] = field(default_factory=dict, hash=False)
-
-    def key(self) -> tuple:
-        return tuple(getattr(self, f) for f in KEY_FIELDS)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Record:
