@@ -58,7 +58,7 @@ def plan(m: int, device_type: str, fmt: str, n: int, k: int, a_dtype: str) -> tu
     tc_bucket = next((b for b in tensorcore.M_TILES if m <= b), None)
     tc = a_dtype == "float16" and tc_bucket is not None and tensorcore.shape_fits(n, k, bits0, tc_bucket)
     if m <= (DECODE_ABOVE if bits0 == 8 or not tc else 2):
-        return "linear", builder.m_bucket_for(m, device_type)
+        return "linear", bucket
     return ("linear", tc_bucket) if tc else ("decode", None)
 
 

@@ -44,7 +44,12 @@ class Task(tunelog.Key):
     """One tune log key to tune."""
 
     def target(self) -> dict[str, Any]:
-        return targets.cpu() if self.arch.startswith("llvm") else targets.cuda(self.arch)
+        return _target(self.arch)
+
+
+def _target(arch: str) -> dict[str, Any]:
+    """The target dict of a tune-log arch: ``llvm-<cpu>`` (this CPU) or ``sm_XX``."""
+    return targets.cpu() if arch.startswith("llvm") else targets.cuda(arch)
 
 
 def model_shapes(model_dir: str | Path) -> list[tuple[int, int]]:
@@ -76,9 +81,12 @@ def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[s
                 raise TuneError(f"shape {n},{k}: k is not a multiple of {fmt}'s block size {f.block_size}")
             for m in ms:
                 op, bucket = plan(m, "cuda" if cuda else "cpu", fmt, n, k, a_dtype)
-                tgt = Task(fmt, n, k, bucket, a_dtype, arch).target() if cuda else None
-                if cuda and (op == "decode" or not rules.rule_for(fmt, n, k, bucket, a_dtype, f.block_size, tgt)):
-                    notes.append(f"{n},{k} M={m}: {'decode + cuBLAS' if op == 'decode' else 'dlight'}, no hints to tune")
+                tgt = _target(arch) if cuda else None
+                if cuda and (
+                    op == "decode" or not rules.rule_for(fmt, n, k, bucket, a_dtype, f.block_size, tgt)
+                ):
+                    path = "decode + cuBLAS" if op == "decode" else "dlight"
+                    notes.append(f"{n},{k} M={m}: {path}, no hints to tune")
                     continue
                 out.append(Task(fmt, n, k, bucket, a_dtype, arch))
     return list(dict.fromkeys(out)), list(dict.fromkeys(notes))
@@ -256,8 +264,7 @@ def merge(kernel_dir: str | Path, log_path: str | Path) -> list[tunelog.Record]:
 
 
 def _build_versions(arch: str) -> dict[str, str | None]:
-    tgt = targets.cpu() if arch.startswith("llvm") else targets.cuda(arch)
-    return builder.versions(tgt)
+    return builder.versions(_target(arch))
 
 
 def summary(records: list[tunelog.Record]) -> str:

@@ -31,4 +31,6 @@ def rule_kernel(rule: str, fmt: str, dtype: str, bias: bool, m: int, arch: str) 
     bucket = next(b for b in mod.M_TILES if m <= b)
     tgt = targets.resolve(arch)
     hints = mod.default_hints(tgt, n, k, plane_widths(mxgemm.formats.get(fmt).bits)[0], bucket)
-    return dict(fmt=fmt, n=n, k=k, m_bucket=bucket, a_dtype=dtype, bias=bias, target=tgt, hints=hints.to_dict())
+    return dict(
+        fmt=fmt, n=n, k=k, m_bucket=bucket, a_dtype=dtype, bias=bias, target=tgt, hints=hints.to_dict()
+    )

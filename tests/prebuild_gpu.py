@@ -64,7 +64,16 @@ def minilm_cases(arch):
 
 def rule_cases(arch):
     """tests.test_linear's small-M cases: each rule pinned at its buckets, and `linear` as routed."""
-    from tests.linear_cases import CHUNK_FORMATS, GEMV_K, GEMV_N, RULE_CASES, TC_K, TC_N, rule_kernel, rule_shape
+    from tests.linear_cases import (
+        CHUNK_FORMATS,
+        GEMV_K,
+        GEMV_N,
+        RULE_CASES,
+        TC_K,
+        TC_N,
+        rule_kernel,
+        rule_shape,
+    )
 
     for fmt in FORMATS:
         for bias in (False, True):

@@ -177,7 +177,8 @@ def test_routing_by_bucket_format_and_shape():
     assert rules.rule_for("mxfp8_e4m3", 4096, 4096, 4, "float16", 32, tgt) is mma
     assert rules.rule_for("mxfp6_e3m2", 4096, 4096, 64, "float16", 32, tgt) is mma
     assert rules.rule_for("mxfp4", 4096, 4096, 16, "bfloat16", 32, tgt) is gemv
-    assert rules.rule_for("mxfp4", 4096, 4096, 16, "float16", 16, tgt) is not mma  # block 16: two scales a step
+    # block 16: two scales a step
+    assert rules.rule_for("mxfp4", 4096, 4096, 16, "float16", 16, tgt) is not mma
     assert rules.rule_for("mxfp4", 4104, 4096, 1, "float16", 32, tgt) is gemv  # N not a multiple of 16
     assert rules.rule_for("mxfp4", 4096, 4096, 256, "float16", 32, tgt) is None  # dlight
     plans = {m: ops.plan(m, "cuda", "mxfp4", 4096, 4096, "float16") for m in (1, 2, 5, 16, 17, 64, 65)}
@@ -198,11 +199,15 @@ def test_routing_by_bucket_format_and_shape():
 def test_mma_hints_shape_the_kernel():
     """The mma rule's hints land in the kernel: block size (kw warps), and a tuned record that does
     not fit the shape falls back to the defaults."""
-    k = mxgemm.build("mxfp6_e3m2", n=512, k=1024, m_bucket=16, target="sm_90", hints={"nt": 2, "kw": 4, "unroll": 2})
+    k = mxgemm.build(
+        "mxfp6_e3m2", n=512, k=1024, m_bucket=16, target="sm_90", hints={"nt": 2, "kw": 4, "unroll": 2}
+    )
     assert k.rule == "mma" and k.info["hints"] == {"nt": 2, "kw": 4, "unroll": 2}
     # unroll × nt × (16 rows: 2 n8 tiles of activations) × 2 mmas, in the pipelined loop and after it
     assert "__launch_bounds__(128)" in k.source and k.source.count("mma.sync") == 2 * (2 * 2 * 2 * 2)
-    odd = mxgemm.build("mxfp6_e3m2", n=528, k=1024, m_bucket=16, target="sm_90", hints={"nt": 2, "kw": 4, "unroll": 2})
+    odd = mxgemm.build(
+        "mxfp6_e3m2", n=528, k=1024, m_bucket=16, target="sm_90", hints={"nt": 2, "kw": 4, "unroll": 2}
+    )
     assert odd.rule == "mma" and odd.info["hints"]["nt"] == 1  # 528 = 33 tiles of 16 rows
 
 

@@ -69,7 +69,9 @@ def test_every_code_pair_bit_exact(name):
     want = oracle.decode(codes, spec)
     special = ~np.isfinite(want)  # NaN/inf codes (never produced by quantize)
     if name == "mxfp8_e5m2":  # they land on the fp16 inf/NaN codes
-        assert np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(got[np.isinf(want)], want[np.isinf(want)])
+        assert np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(
+            got[np.isinf(want)], want[np.isinf(want)]
+        )
     np.testing.assert_array_equal(got[~special], want[~special])
     assert mxgemm.formats.get(name).bits == spec.bits
 

@@ -53,7 +53,13 @@ def test_tasks_cover_the_tunable_buckets(cpu_arch):
 @pytest.mark.parametrize("fmt", ["mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "bfp3"])
 @pytest.mark.parametrize(
     ("m_bucket", "dtype", "rule"),
-    [(1, "float16", mma), (16, "float16", mma), (64, "float16", mma), (1, "bfloat16", gemv), (16, "bfloat16", gemv)],
+    [
+        (1, "float16", mma),
+        (16, "float16", mma),
+        (64, "float16", mma),
+        (1, "bfloat16", gemv),
+        (16, "bfloat16", gemv),
+    ],
 )
 def test_candidates_deterministic_and_valid(arch, fmt, m_bucket, dtype, rule):
     if m_bucket == 1 and fmt == "mxfp8_e4m3":

@@ -14,7 +14,9 @@ from mxgemm.rules import cpu
 log = logging.getLogger(__name__)
 
 
-def rule_for(fmt: str, n: int, k: int, m_bucket: int | None, a_dtype: str, block_size: int, target: dict[str, Any]):
+def rule_for(
+    fmt: str, n: int, k: int, m_bucket: int | None, a_dtype: str, block_size: int, target: dict[str, Any]
+):
     """The tunable CUDA rule (module) that serves this layer shape and M bucket: ``mma`` (fp16, codes
     exact in fp16, a tile that fits; not 8-bit codes at M=1, which ``gemv`` streams faster),
     else ``tensorcore`` (fp16, buckets 16/64), else ``gemv`` (buckets 1/4/16); None for the rest
