@@ -101,16 +101,22 @@ def candidates(task: Task, budget: int) -> list[dict[str, Any]]:
         return cpu.candidates(task.n)[: max(1, budget)]  # the default (first fitting tile) leads
     from mxgemm import rules
     from mxgemm.layout import plane_widths
+    from mxgemm.rules import mma
 
     f = formats.get(task.fmt)
     bits0 = plane_widths(f.bits)[0]
     tgt = task.target()
     rule = rules.rule_for(task.fmt, task.n, task.k, task.m_bucket, task.a_dtype, f.block_size, tgt)
-    default = rule.default_hints(tgt, task.n, task.k, bits0, task.m_bucket)
-    fits = [h for h in rule.candidates(task.n, task.m_bucket) if rule.fits(h, task.n, task.k, bits0)]
+    if rule is mma:  # sizes its shared-memory ring by every plane, and rings need block-32 scales
+        bits, cands = f.bits, mma.candidates(task.n, task.m_bucket, f.bits, f.block_size)
+    else:
+        bits, cands = bits0, rule.candidates(task.n, task.m_bucket)
+    extra = {"block_size": f.block_size} if rule is mma else {}
+    default = rule.default_hints(tgt, task.n, task.k, bits, task.m_bucket, **extra)
+    fits = [h for h in cands if rule.fits(h, task.n, task.k, bits)]
     rest = sorted(
         (h for h in fits if h != default),
-        key=lambda h: rule.cost(h, tgt, task.n, task.k, bits0, task.m_bucket),
+        key=lambda h: rule.cost(h, tgt, task.n, task.k, bits, task.m_bucket),
     )
     return [h.to_dict() for h in [d for d in (default,) if d is not None] + rest][: max(1, budget)]
 

@@ -195,6 +195,25 @@ def test_routing_by_bucket_format_and_shape():
     assert ops.plan(3, "cpu", "mxfp4", 4096, 4096, "float16") == ("linear", None)
 
 
+RING_HINTS = {"nt": 2, "kw": 4, "unroll": 8, "stages": 2}
+
+
+def test_mma_ring_needs_block_32_scales():
+    """A ring reads one scale byte per 32-wide step: other block sizes get the register pipeline."""
+    from mxgemm import formats
+    from mxgemm.rules import mma
+
+    tgt = targets.cuda("sm_90")
+    assert mma.default_hints(tgt, 4096, 4096, 4, 1).stages == 2
+    assert mma.default_hints(tgt, 4096, 4096, 4, 1, block_size=64).stages == 0
+    assert all(not h.stages for h in mma.candidates(4096, 16, 4, block_size=64))
+    with pytest.raises(ValueError, match="one scale per 32-wide step"):
+        mma.kernel(
+            formats.get("bfp4"), n=256, k=1024, m_tile=1, out_dtype="float16", bias=False, block_size=64,
+            hints=mma.Hints(**RING_HINTS),
+        )  # fmt: skip
+
+
 @pytest.mark.nvcc
 def test_mma_hints_shape_the_kernel():
     """The mma rule's hints land in the kernel: block size (kw warps), and a tuned record that does
@@ -202,9 +221,16 @@ def test_mma_hints_shape_the_kernel():
     k = mxgemm.build(
         "mxfp6_e3m2", n=512, k=1024, m_bucket=16, target="sm_90", hints={"nt": 2, "kw": 4, "unroll": 2}
     )
-    assert k.rule == "mma" and k.info["hints"] == {"nt": 2, "kw": 4, "unroll": 2}
+    assert k.rule == "mma" and k.info["hints"] == {"nt": 2, "kw": 4, "unroll": 2, "stages": 0}
     # unroll × nt × (16 rows: 2 n8 tiles of activations) × 2 mmas, in the pipelined loop and after it
     assert "__launch_bounds__(128)" in k.source and k.source.count("mma.sync") == 2 * (2 * 2 * 2 * 2)
+    assert "cp.async" not in k.source
+    ring = mxgemm.build("mxfp6_e3m2", n=512, k=1024, m_bucket=16, target="sm_90", hints=RING_HINTS)
+    assert ring.rule == "mma" and ring.info["hints"] == RING_HINTS
+    # the ring: 16-byte copies, no block barrier but the cross-warp sum's; one loop body of
+    # unroll × nt × 2 n8 tiles × 2 mmas
+    assert "cp.async.cg.shared.global [%0], [%1], 16" in ring.source and "bar.warp.sync" in ring.source
+    assert ring.source.count("__syncthreads") == 1 and ring.source.count("mma.sync") == 8 * 2 * 2 * 2
     odd = mxgemm.build(
         "mxfp6_e3m2", n=528, k=1024, m_bucket=16, target="sm_90", hints={"nt": 2, "kw": 4, "unroll": 2}
     )

@@ -29,7 +29,7 @@ def rule_for(
     if (
         not (bits0 == 8 and m_bucket == 1)
         and mma.applies(f, block_size, a_dtype, m_bucket)
-        and mma.default_hints(target, n, k, bits0, m_bucket)
+        and mma.default_hints(target, n, k, f.bits, m_bucket, block_size)
     ):
         return mma
     if m_bucket in tensorcore.M_TILES and a_dtype == "float16":

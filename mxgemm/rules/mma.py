@@ -10,11 +10,21 @@ Operands are swapped (``Y^T = W X^T``, as Marlin does for small batches): 16 wei
 mma's M and 8 activation rows its N, so M ≤ 8 wastes no tensor-core work on padding, and each
 thread holds two weight rows, whose two scales per step it applies (one per 8 decoded codes).
 Layout: the portable code planes, unchanged. The mma's 16-deep K is a permutation of real K chosen
-so that a thread's operands are 8 consecutive codes of each of its rows (one ``w``-byte load per
-plane) and 8 consecutive activations (one 16-byte load): in K step ``u`` (32 k, one scale block)
-lane ``l`` takes rows ``l / 4`` and ``l / 4 + 8`` at k ``32u + 8 (l % 4) + 0..7``; mma ``g`` takes k
-``+4g .. +4g+3`` of every lane. A step's two mmas share one scale per weight row, so they go to a
-zeroed fp32 fragment that is added to the accumulator times the scale (exact: a power of two).
+so that a thread's operands are 8 consecutive codes of each of its rows (``w`` bytes per plane) and
+8 consecutive activations (16 bytes): in K step ``u`` (32 k, one scale block) lane ``l`` takes rows
+``l / 4`` and ``l / 4 + 8`` at k ``32u + 8 (l % 4) + 0..7``; mma ``g`` takes k ``+4g .. +4g+3`` of
+every lane. A step's two mmas share one scale per weight row, so they go to a zeroed fp32 fragment
+that is added to the accumulator times the scale (exact: a power of two).
+
+Loads, by ``Hints.stages``:
+
+- 0, a register pipeline: the next iteration's codes, scales and (up to 16 rows) activations are
+  loaded into registers while this one computes. Bytes in flight cost registers, which cap occupancy.
+- 2..4, a ``cp.async`` ring per warp in shared memory: ``stages - 1`` iterations of codes, scales
+  and (up to 16 rows) activations in flight, 16-byte copies of whole row runs (XOR-swizzled so the
+  lanes' reads hit distinct banks), read back with ``ld.shared`` after ``cp.async.wait_group`` and
+  a warp barrier. Each warp owns its ring, so no block barrier is needed; the copies and reads go
+  through ``T.ptx`` with explicit addresses, which TVM's shared-memory sync pass leaves alone.
 
 Grid: ``N / (16 nt)`` blocks of ``kw`` warps; a warp owns ``nt`` 16-row weight tiles × the M tile
 (n8 tiles: the bucket, padded; rows ≥ M read zeros and are not stored) over ``1/kw`` of K; the
@@ -37,20 +47,26 @@ from mxgemm.layout import plane_widths
 
 M_TILES = (1, 4, 16, 64)  # M buckets this rule serves
 STEP = 32  # K per step: 4 threads × 8 codes
-SMEM = 48 * 1024  # static shared memory per block
+SMEM = 48 * 1024  # static shared memory per block (the cross-warp sum)
+RING_SMEM = 192 * 1024  # dynamic shared memory per block (the rings; an H100 SM has 228 KB)
 
 
 @dataclass(frozen=True)
 class Hints:
     """Tunable knobs. nt: 16-row weight tiles per warp (1, 2, 4, 8); kw: warps per block, splitting K
-    (1, 2, 4, 8); unroll: K steps per loop iteration, their loads issued together (1, 2, 4)."""
+    (1, 2, 4, 8); unroll: K steps per loop iteration, their loads issued together (1, 2, 4; 4 or 8
+    with a ring); stages: 0 for the register pipeline, else the depth of the ``cp.async`` ring (2..4
+    iterations, block-32 scales only)."""
 
     nt: int = 4
     kw: int = 4
     unroll: int = 2
+    stages: int = 0
 
     def __post_init__(self) -> None:
-        if self.nt not in (1, 2, 4, 8) or self.kw not in (1, 2, 4, 8) or self.unroll not in (1, 2, 4):
+        ok = self.nt in (1, 2, 4, 8) and self.kw in (1, 2, 4, 8) and self.stages in (0, 2, 3, 4)
+        ok = ok and self.unroll in ((4, 8) if self.stages else (1, 2, 4))
+        if not ok:
             raise ValueError(f"mma hints out of range: {self}")
 
     def to_dict(self) -> dict[str, int]:
@@ -74,51 +90,80 @@ def shape_fits(n: int, k: int) -> bool:
     return any(fits(h, n, k) for h in candidates(n, 1))
 
 
-def smem_bytes(h: Hints, m_tile: int) -> int:
-    """Shared memory of the cross-warp sum: every warp but the first parks its accumulators."""
-    return (h.kw - 1) * h.nt * -(-m_tile // 8) * 4 * 32 * 4
+def _ring_layout(h: Hints, bits: int, m_tile: int) -> tuple[int, int, int]:
+    """(code bytes, scale bytes, activation bytes) of one ring slot of one warp: 16 rows × ``unroll``
+    steps of every plane and of the scales per tile; the activations of up to 16 rows."""
+    codes = h.nt * 16 * h.unroll * 4 * bits
+    scales = h.nt * 16 * h.unroll
+    x_n = -(-m_tile // 8)
+    acts = h.unroll * x_n * min(8, m_tile) * 4 * 16 if x_n <= 2 else 0
+    return codes, scales, acts
 
 
-def candidates(n: int, m_tile: int) -> list[Hints]:
+def smem_bytes(h: Hints, m_tile: int, bits: int = 8) -> tuple[int, int]:
+    """(static, dynamic) shared memory of a block: the cross-warp sum (every warp but the first parks
+    its accumulators) and, with a ring, ``stages`` slots per warp of ``bits``-wide codes."""
+    red = (h.kw - 1) * h.nt * -(-m_tile // 8) * 4 * 32 * 4
+    return red, (h.kw * h.stages * sum(_ring_layout(h, bits, m_tile)) if h.stages else 0)
+
+
+def smem_fits(h: Hints, m_tile: int, bits: int = 8) -> bool:
+    """Whether a block of ``h`` fits :data:`SMEM` static and :data:`RING_SMEM` dynamic bytes."""
+    red, ring = smem_bytes(h, m_tile, bits)
+    return red <= SMEM and ring <= RING_SMEM
+
+
+def candidates(n: int, m_tile: int, bits: int = 8, block_size: int = STEP) -> list[Hints]:
     """The hint space the tuner searches (deterministic order; only combinations that tile N, fit
-    the 48 KB of static shared memory and keep the accumulators ≤ 64 registers)."""
-    space = (Hints(*h) for h in itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4)))
+    the shared memory (:func:`smem_fits`) for ``bits``-wide codes and keep the accumulators ≤ 64
+    registers; rings need one scale per step)."""
+    regs = itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4), (0,))
+    rings = itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (4, 8), (2, 3, 4) if block_size == STEP else ())
     return [
         h
-        for h in space
-        if n % (16 * h.nt) == 0 and smem_bytes(h, m_tile) <= SMEM and h.nt * -(-m_tile // 8) <= 16
+        for h in (Hints(*p) for p in itertools.chain(regs, rings))
+        if n % (16 * h.nt) == 0 and smem_fits(h, m_tile, bits) and h.nt * -(-m_tile // 8) <= 16
     ]
 
 
-def cost(h: Hints, target: dict[str, Any], n: int, k: int, plane_bits: int, m_tile: int) -> float:
+def cost(h: Hints, target: dict[str, Any], n: int, k: int, bits: int, m_tile: int) -> float:
     """Relative cost (lower is better) for ranking candidates: ≈ 24 KB of weight loads in flight per
-    SM (Little's law at HBM3 latency), the cross-warp reduction, and registers (accumulators grow
-    with nt × the M tile)."""
+    SM (Little's law at HBM3 latency), the cross-warp reduction, registers (accumulators grow with
+    nt × the M tile, the register pipeline with unroll), and what the H100 exploration measured
+    (``benchmarks/README.md``): rings beat the register pipeline, 8 steps a slot beat 4, and two
+    stages are enough once a slot holds 8 steps."""
     del k
     sms = targets.sm_count(target["arch"])
     blocks = n // (16 * h.nt)
     warps = min(blocks * h.kw, sms * 32)
-    inflight = warps * 32 * 2 * plane_bits * h.unroll * h.nt
+    inflight = warps * 32 * 2 * bits * h.unroll * h.nt * max(1, h.stages - 1)
     starved = max(1.0, sms * 24 * 1024 / inflight)
     waves = -(-blocks // (sms * max(1, 16 // h.kw)))
     regs = 1.0 + 0.1 * max(0, h.nt * -(-m_tile // 8) - 8)
-    return starved * regs * (1 + 0.02 * h.kw) * (1 + 0.05 * (waves > 1))
+    measured = 1.0 + 0.05 * (h.stages - 2) + 0.08 * (h.unroll == 4) if h.stages else 1.15 + 0.05 * h.unroll
+    return starved * regs * measured * (1 + 0.02 * h.kw) * (1 + 0.05 * (waves > 1))
 
 
-def default_hints(target: dict[str, Any], n: int, k: int, plane_bits: int, m_tile: int) -> Hints | None:
-    """What measured fastest on an H100 (``benchmarks/README.md``): one weight tile and 4 steps in
-    flight per warp up to 16 rows, 4 warps a block (8 when N gives fewer than 4 blocks an SM); two
-    tiles and 2 steps at 64 rows (the accumulators double). Else the first smaller fitting
-    configuration, else the cheapest candidate by :func:`cost`; None when nothing tiles the shape."""
+def default_hints(
+    target: dict[str, Any], n: int, k: int, bits: int, m_tile: int, block_size: int = STEP
+) -> Hints | None:
+    """What measured fastest on an H100 (``benchmarks/README.md``): a two-stage ring of 8 steps, one
+    weight tile a warp and 8 warps a block up to 4 rows (4 warps when N gives more than 4 blocks an
+    SM), two tiles and 4 warps at 16 rows; the register pipeline, two tiles and 2 steps, at 64 rows
+    (the accumulators double). Else the first smaller fitting configuration, else the cheapest
+    candidate by :func:`cost`; None when nothing tiles the shape."""
     sms = targets.sm_count(target["arch"])
-    if m_tile <= 16:
-        kw = 8 if n // 16 <= 4 * sms else 4
-        prefs = [(1, kw, 4), (1, 4, 4), (1, 2, 4), (1, 1, 4), (1, 4, 2), (1, 2, 2), (1, 1, 2)]
+    kw = 8 if n // 16 <= 4 * sms else 4
+    regs = [(1, 4, 4, 0), (1, 2, 4, 0), (1, 1, 4, 0), (1, 4, 2, 0), (1, 2, 2, 0), (1, 1, 2, 0)]
+    if m_tile <= 4:
+        prefs = [(1, kw, 8, 2), (1, 4, 8, 2), (1, 2, 8, 2), (1, kw, 4, 2), (1, 4, 4, 2), *regs]
+    elif m_tile <= 16:
+        prefs = [(2, 4, 8, 2), (1, 4, 8, 2), (2, 4, 4, 2), (1, 2, 8, 2), (1, 4, 4, 2), *regs]
     else:
-        prefs = [(2, 4, 2), (1, 4, 2), (1, 2, 2), (1, 1, 2), (1, 4, 1)]
-    cands = [h for h in candidates(n, m_tile) if fits(h, n, k)]
+        prefs = [(2, 4, 2, 0), (1, 4, 2, 0), (1, 2, 2, 0), (1, 1, 2, 0), (1, 4, 1, 0)]
+    cands = [h for h in candidates(n, m_tile, bits, block_size) if fits(h, n, k)]
     first = next((Hints(*p) for p in prefs if Hints(*p) in cands), None)
-    return first or (min(cands, key=lambda h: cost(h, target, n, k, plane_bits, m_tile)) if cands else None)
+    return first or (min(cands, key=lambda h: cost(h, target, n, k, bits, m_tile)) if cands else None)
 
 
 def apply(spec: Any, tuned: list[Hints]) -> tuple[tirx.PrimFunc, Hints] | None:
@@ -128,8 +173,14 @@ def apply(spec: Any, tuned: list[Hints]) -> tuple[tirx.PrimFunc, Hints] | None:
     fmt = formats.get(spec.fmt)
     if not applies(fmt, spec.block_size, spec.a_dtype, spec.m_bucket):
         return None
-    h = next((t for t in tuned if fits(t, spec.n, spec.k) and smem_bytes(t, spec.m_bucket) <= SMEM), None)
-    h = h or default_hints(spec.target, spec.n, spec.k, plane_widths(fmt.bits)[0], spec.m_bucket)
+    ok = [
+        t
+        for t in tuned
+        if fits(t, spec.n, spec.k)
+        and smem_fits(t, spec.m_bucket, fmt.bits)
+        and (not t.stages or spec.block_size == STEP)
+    ]
+    h = ok[0] if ok else default_hints(spec.target, spec.n, spec.k, fmt.bits, spec.m_bucket, spec.block_size)
     if h is None:
         return None
     args = dict(n=spec.n, k=spec.k, m_tile=spec.m_bucket, out_dtype=spec.out_dtype, bias=spec.bias)
@@ -155,169 +206,352 @@ def kernel(
     from tvm.script.ir_builder import IRBuilder
     from tvm.script.ir_builder import tirx as T
 
-    h = hints
-    widths = plane_widths(fmt.bits)
-    xt_n = -(-m_tile // 8)  # n8 tiles of activation rows
-    steps = k // STEP // h.kw  # K steps per warp
-    wide = n * k >= 2**31
-    # scales of `unroll` = 4 steps in one 32-bit load (block 32, rows 4-byte aligned)
-    s_word = block_size == STEP and h.unroll == 4 and (k // STEP) % 4 == 0
-    pipe_x = xt_n <= 2
-
-    def ix(v):
-        return tirx.Cast("int64", v) if wide else v
-
     with IRBuilder() as ib:
         with T.prim_func():
-            T.func_name("main")
-            T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-            m = 1 if m_tile == 1 else tirx.Var("m", "int64")
-            m64 = tirx.const(1, "int64") if m_tile == 1 else m
-            a_h = T.arg("A", T.handle())
-            b_h = [T.arg(f"B{i}" if len(widths) > 1 else "B", T.handle()) for i in range(len(widths))]
-            s_h = T.arg("S", T.handle())
-            bias_h = T.arg("Bias", T.handle()) if bias else None
-            y_h = T.arg("Y", T.handle())
-            A = T.match_buffer(a_h, (m, k), "float16")
-            B = [T.match_buffer(bh, (n, k * w // 8), "uint8") for bh, w in zip(b_h, widths, strict=True)]
-            S = T.match_buffer(s_h, (n, k // block_size), "uint8")
-            Bias = T.match_buffer(bias_h, (n,), out_dtype) if bias else None
-            Y = T.match_buffer(y_h, (m, n), out_dtype)
-
-            bx, ty, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.y"), T.env_thread("threadIdx.x")
-            with T.launch_thread(bx, n // (16 * h.nt)), T.launch_thread(ty, h.kw), T.launch_thread(tx, 32):
-                x32 = T.decl_buffer((m * k // 2,), "uint32", data=A.data)
-                s32 = T.decl_buffer((n * k // block_size // 4,), "uint32", data=S.data) if s_word else None
-                # per plane: a view whose element is (part of) one thread's w bytes of a step
-                views = []
-                for bb, w in zip(B, widths, strict=True):
-                    vdt, per = {8: ("uint32", 4), 4: ("uint32", 4), 2: ("uint16", 2), 1: ("uint8", 1)}[w]
-                    views.append((T.decl_buffer((n * k * w // 8 // per,), vdt, data=bb.data), w, per))
-                acc = T.alloc_buffer((h.nt, xt_n, 4), "float32", scope="local")
-                tmp = T.alloc_buffer((h.nt, xt_n, 4), "float32", scope="local")
-                xraw = T.alloc_buffer((h.unroll, xt_n, 4), "uint32", scope="local")
-                xcur = T.alloc_buffer(xraw.shape, "uint32", scope="local")
-                wraw = T.alloc_buffer((h.unroll, h.nt, 2, len(widths), 2), "uint32", scope="local")
-                sraw = T.alloc_buffer((h.unroll if not s_word else 1, h.nt, 2), "uint32", scope="local")
-                wcur = T.alloc_buffer(wraw.shape, "uint32", scope="local")
-                scur = T.alloc_buffer(sraw.shape, "uint32", scope="local")
-                afr = T.alloc_buffer((h.nt, 2, 4), "uint32", scope="local")
-                bfr = T.alloc_buffer((xt_n, 2, 2), "uint32", scope="local")
-
-                quad, j = tx // 4, tx % 4
-                n0 = bx * (16 * h.nt)
-                for t, a, e in itertools.product(range(h.nt), range(xt_n), range(4)):
-                    T.buffer_store(acc, tirx.const(0.0, "float32"), [t, a, e])
-                for u, a, q in itertools.product(range(h.unroll), range(xt_n), range(4)):
-                    T.buffer_store(xraw, tirx.const(0, "uint32"), [u, a, q])
-                    T.buffer_store(xcur, tirx.const(0, "uint32"), [u, a, q])
-
-                def load_weights(it, wbuf, sbuf):
-                    """The codes and scales of iteration ``it`` (``unroll`` steps) into registers."""
-                    step0 = ty * steps + it * h.unroll
-                    if s_word:
-                        for t, r in itertools.product(range(h.nt), range(2)):
-                            row = n0 + 16 * t + quad + 8 * r
-                            val = tirx.BufferLoad(s32, [(ix(row) * (k // STEP) + step0) // 4])
-                            T.buffer_store(sbuf, val, [0, t, r])
-                    for ur, t, r in itertools.product(range(h.unroll), range(h.nt), range(2)):
-                        step, row = step0 + ur, n0 + 16 * t + quad + 8 * r
-                        for p, (view, w, per) in enumerate(views):
-                            # this thread's w bytes: (row * k + 32 step + 8 j) * w / 8
-                            base = ix(row) * (k * w // 8 // per) + (step * (4 * w) + j * w) // per
-                            for q in range(max(1, w // 4)):
-                                val = tirx.Cast("uint32", tirx.BufferLoad(view, [base + q]))
-                                T.buffer_store(wbuf, val, [ur, t, r, p, q])
-                        if not s_word:
-                            val = tirx.Cast("uint32", tirx.BufferLoad(S, [row, step * STEP // block_size]))
-                            T.buffer_store(sbuf, val, [ur, t, r])
-
-                def load_x(it, xbuf):
-                    """The activations of iteration ``it`` (rows ≥ M keep their zeros)."""
-                    step0 = ty * steps + it * h.unroll
-                    for ur, a in itertools.product(range(h.unroll), range(xt_n)):
-                        xrow = tirx.Cast("int64", a * 8 + quad)
-                        with T.If(xrow < m64):
-                            with T.Then():
-                                off = xrow * (k // 2) + ix((step0 + ur) * 16 + j * 4)
-                                vec = tirx.BufferLoad(x32, [tirx.Ramp(off, 1, 4)])
-                                T.buffer_store(xbuf, vec, [ur, a, tirx.Ramp(0, 1, 4)])
-
-                def compute(wbuf, sbuf, xbuf):
-                    """Decode, mma, scale, accumulate one iteration."""
-                    for ur in range(h.unroll):
-                        for t, g, q in itertools.product(range(h.nt), range(2), range(4)):
-                            # a0..a3: rows quad / quad+8 × codes (4g, 4g+1) / (4g+2, 4g+3)
-                            word = lambda p, i, ur=ur, t=t, r=q % 2: tirx.BufferLoad(wbuf, [ur, t, r, p, i])  # noqa: E731
-                            T.buffer_store(afr, pairs.decode_pair(fmt, word, 2 * g + q // 2), [t, g, q])
-                        for a, g, q in itertools.product(range(xt_n), range(2), range(2)):
-                            T.buffer_store(bfr, tirx.BufferLoad(xbuf, [ur, a, 2 * g + q]), [a, g, q])
-                        for t, a in itertools.product(range(h.nt), range(xt_n)):
-                            for e in range(4):
-                                T.buffer_store(tmp, tirx.const(0.0, "float32"), [t, a, e])
-                            for g in range(2):
-                                T.evaluate(
-                                    T.ptx_legacy.mma(
-                                        "m16n8k16", "row", "col", "fp16", "fp16", "fp32",
-                                        afr.data, (t * 2 + g) * 4, bfr.data, (a * 2 + g) * 2,
-                                        tmp.data, (t * xt_n + a) * 4, False, dtype="float32",
-                                    )
-                                )  # fmt: skip
-                        for t, r in itertools.product(range(h.nt), range(2)):
-                            if s_word:
-                                code = tirx.BufferLoad(sbuf, [0, t, r]) >> tirx.const(8 * ur, "uint32")
-                                code = code & tirx.const(255, "uint32")
-                            else:
-                                code = tirx.BufferLoad(sbuf, [ur, t, r])
-                            sc = scale_expr(code)
-                            for a, e in itertools.product(range(xt_n), (2 * r, 2 * r + 1)):
-                                prod = tirx.BufferLoad(acc, [t, a, e]) + tirx.BufferLoad(tmp, [t, a, e]) * sc
-                                T.buffer_store(acc, prod, [t, a, e])
-
-                def copy(dst, src):
-                    for idx in itertools.product(*(range(int(d)) for d in src.shape)):
-                        T.buffer_store(dst, tirx.BufferLoad(src, list(idx)), list(idx))
-
-                # software pipeline: iteration it + 1's loads are in flight while it computes (the
-                # activations too, up to 16 rows; 64 rows would take too many registers)
-                iters = steps // h.unroll
-                load_weights(0, wraw, sraw)
-                if pipe_x:
-                    load_x(0, xraw)
-                with T.serial(0, iters - 1) as it:
-                    copy(wcur, wraw)
-                    copy(scur, sraw)
-                    if pipe_x:
-                        copy(xcur, xraw)
-                    load_weights(it + 1, wraw, sraw)
-                    if pipe_x:
-                        load_x(it + 1, xraw)
-                    else:
-                        load_x(it, xcur)
-                    compute(wcur, scur, xcur)
-                if not pipe_x:
-                    load_x(iters - 1, xraw)
-                compute(wraw, sraw, xraw)
-                # cross-warp sum, then the epilogue (warp 0)
-                if h.kw > 1:
-                    red = T.alloc_buffer((h.kw - 1, h.nt, xt_n, 4, 32), "float32", scope="shared")
-                    with T.If(ty > 0):
-                        with T.Then():
-                            for t, a, e in itertools.product(range(h.nt), range(xt_n), range(4)):
-                                T.buffer_store(red, tirx.BufferLoad(acc, [t, a, e]), [ty - 1, t, a, e, tx])
-                    T.evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
-                with T.If(ty == 0):
-                    with T.Then():
-                        for t, a, e in itertools.product(range(h.nt), range(xt_n), range(4)):
-                            total = tirx.BufferLoad(acc, [t, a, e])
-                            for w_ in range(h.kw - 1):
-                                total = total + tirx.BufferLoad(red, [w_, t, a, e, tx])
-                            row = a * 8 + j * 2 + e % 2
-                            col = n0 + 16 * t + quad + 8 * (e // 2)
-                            val = total * tirx.const(pairs.out_factor(fmt), "float32")
-                            if bias:
-                                val = val + tirx.Cast("float32", tirx.BufferLoad(Bias, [col]))
-                            with T.If(tirx.Cast("int64", row) < m64):
-                                with T.Then():
-                                    T.buffer_store(Y, tirx.Cast(out_dtype, val), [row, col])
+            _Kernel(T, fmt, n, k, m_tile, out_dtype, bias, block_size, hints).emit()
     return ib.get()
+
+
+def _c(v: int) -> tirx.PrimExpr:
+    return tirx.const(v, "uint32")
+
+
+class _Kernel:
+    """Emits the kernel into the IR builder frame ``T`` is building (one method per part)."""
+
+    def __init__(self, T, fmt, n, k, m_tile, out_dtype, bias, block_size, h):  # noqa: N803, PLR0913
+        self.T, self.fmt, self.n, self.k, self.m_tile = T, fmt, n, k, m_tile
+        self.out_dtype, self.bias, self.block_size, self.h = out_dtype, bias, block_size, h
+        self.widths = plane_widths(fmt.bits)
+        self.xt_n = -(-m_tile // 8)  # n8 tiles of activation rows
+        self.steps = k // STEP // h.kw  # K steps per warp
+        self.iters = self.steps // h.unroll
+        self.wide = n * k >= 2**31
+        self.pipe_x = self.xt_n <= 2  # activations ride the pipeline (64 rows: too many registers)
+        # register pipeline: the scales of 4 steps in one 32-bit load (block 32, rows 4-byte aligned)
+        self.s_word = not h.stages and block_size == STEP and h.unroll == 4 and (k // STEP) % 4 == 0
+        if h.stages and block_size != STEP:
+            raise ValueError(f"mma ring hints {h} need one scale per 32-wide step, not {block_size}")
+
+    def ix(self, v):
+        return tirx.Cast("int64", v) if self.wide else v
+
+    # ---- arguments, threads, registers ---------------------------------------------------------
+
+    def emit(self) -> None:
+        T, h, n, k = self.T, self.h, self.n, self.k
+        T.func_name("main")
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        m = 1 if self.m_tile == 1 else tirx.Var("m", "int64")
+        self.m64 = tirx.const(1, "int64") if self.m_tile == 1 else m
+        a_h = T.arg("A", T.handle())
+        names = [f"B{i}" if len(self.widths) > 1 else "B" for i in range(len(self.widths))]
+        b_h = [T.arg(name, T.handle()) for name in names]
+        s_h = T.arg("S", T.handle())
+        bias_h = T.arg("Bias", T.handle()) if self.bias else None
+        y_h = T.arg("Y", T.handle())
+        self.A = T.match_buffer(a_h, (m, k), "float16")
+        self.B = [T.match_buffer(b, (n, k * w // 8), "uint8") for b, w in zip(b_h, self.widths, strict=True)]
+        self.S = T.match_buffer(s_h, (n, k // self.block_size), "uint8")
+        self.Bias = T.match_buffer(bias_h, (n,), self.out_dtype) if self.bias else None
+        self.Y = T.match_buffer(y_h, (m, n), self.out_dtype)
+
+        bx, ty, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.y"), T.env_thread("threadIdx.x")
+        with T.launch_thread(bx, n // (16 * h.nt)), T.launch_thread(ty, h.kw), T.launch_thread(tx, 32):
+            self.ty, self.tx = ty, tx
+            self.quad, self.j = tx // 4, tx % 4
+            self.n0 = bx * (16 * h.nt)
+            self.x32 = T.decl_buffer((m * k // 2,), "uint32", data=self.A.data)
+            shape = (h.nt, self.xt_n, 4)
+            self.acc = T.alloc_buffer(shape, "float32", scope="local")
+            self.tmp = T.alloc_buffer(shape, "float32", scope="local")
+            self.afr = T.alloc_buffer((h.nt, 2, 4), "uint32", scope="local")
+            self.bfr = T.alloc_buffer((self.xt_n, 2, 2), "uint32", scope="local")
+            for idx in itertools.product(*map(range, shape)):
+                T.buffer_store(self.acc, tirx.const(0.0, "float32"), list(idx))
+            if h.stages:
+                self.ring_loop()
+            else:
+                self.register_loop()
+            self.epilogue()
+
+    def _zeroed(self, shape, dtype="uint32"):
+        buf = self.T.alloc_buffer(shape, dtype, scope="local")
+        for idx in itertools.product(*map(range, shape)):
+            self.T.buffer_store(buf, tirx.const(0, dtype), list(idx))
+        return buf
+
+    # ---- compute: decode, mma, scale, accumulate one step ----------------------------------------
+
+    def step(self, word, scale_code) -> None:
+        """One K step from registers: ``word(t, r, p, i)`` uint32 word ``i`` of plane ``p`` of this
+        lane's row ``r`` (0: ``quad``, 1: ``quad + 8``) of tile ``t``; ``scale_code(t, r)`` its E8M0
+        code; the activations already in :attr:`bfr`."""
+        T, h, xt_n = self.T, self.h, self.xt_n
+        for t, g, q in itertools.product(range(h.nt), range(2), range(4)):
+            # a0..a3: rows quad / quad+8 × codes (4g, 4g+1) / (4g+2, 4g+3)
+            wd = lambda p, i, t=t, r=q % 2: word(t, r, p, i)  # noqa: E731
+            T.buffer_store(self.afr, pairs.decode_pair(self.fmt, wd, 2 * g + q // 2), [t, g, q])
+        for t, a in itertools.product(range(h.nt), range(xt_n)):
+            for e in range(4):
+                T.buffer_store(self.tmp, tirx.const(0.0, "float32"), [t, a, e])
+            for g in range(2):
+                T.evaluate(
+                    T.ptx_legacy.mma(
+                        "m16n8k16", "row", "col", "fp16", "fp16", "fp32",
+                        self.afr.data, (t * 2 + g) * 4, self.bfr.data, (a * 2 + g) * 2,
+                        self.tmp.data, (t * xt_n + a) * 4, False, dtype="float32",
+                    )
+                )  # fmt: skip
+        for t, r in itertools.product(range(h.nt), range(2)):
+            sc = scale_expr(scale_code(t, r))
+            for a, e in itertools.product(range(xt_n), (2 * r, 2 * r + 1)):
+                prod = tirx.BufferLoad(self.acc, [t, a, e]) + tirx.BufferLoad(self.tmp, [t, a, e]) * sc
+                T.buffer_store(self.acc, prod, [t, a, e])
+
+    def set_x(self, xbuf, ur) -> None:
+        """The activations of step ``ur`` from ``xbuf[ur, a, 0..3]`` into the mma B fragments."""
+        for a, g, q in itertools.product(range(self.xt_n), range(2), range(2)):
+            self.T.buffer_store(self.bfr, tirx.BufferLoad(xbuf, [ur, a, 2 * g + q]), [a, g, q])
+
+    def load_x(self, it, xbuf) -> None:
+        """The activations of iteration ``it`` from global memory (rows ≥ M keep their zeros)."""
+        T, h, k = self.T, self.h, self.k
+        step0 = self.ty * self.steps + it * h.unroll
+        for ur, a in itertools.product(range(h.unroll), range(self.xt_n)):
+            xrow = tirx.Cast("int64", a * 8 + self.quad)
+            with T.If(xrow < self.m64):
+                with T.Then():
+                    off = xrow * (k // 2) + self.ix((step0 + ur) * 16 + self.j * 4)
+                    vec = tirx.BufferLoad(self.x32, [tirx.Ramp(off, 1, 4)])
+                    T.buffer_store(xbuf, vec, [ur, a, tirx.Ramp(0, 1, 4)])
+
+    # ---- stages = 0: register pipeline --------------------------------------------------------
+
+    def register_loop(self) -> None:
+        """Iteration ``it + 1``'s loads are in flight in registers while ``it`` computes (the
+        activations too, up to 16 rows)."""
+        T, h = self.T, self.h
+        xraw = self._zeroed((h.unroll, self.xt_n, 4))
+        xcur = self._zeroed((h.unroll, self.xt_n, 4))
+        wraw = T.alloc_buffer((h.unroll, h.nt, 2, len(self.widths), 2), "uint32", scope="local")
+        sraw = T.alloc_buffer((1 if self.s_word else h.unroll, h.nt, 2), "uint32", scope="local")
+        wcur = T.alloc_buffer(wraw.shape, "uint32", scope="local")
+        scur = T.alloc_buffer(sraw.shape, "uint32", scope="local")
+        if self.s_word:
+            self.s32 = T.decl_buffer((self.n * self.k // STEP // 4,), "uint32", data=self.S.data)
+        self.views = []
+        for bb, w in zip(self.B, self.widths, strict=True):
+            # a view whose element is (part of) one thread's w bytes of a step
+            vdt, per = {8: ("uint32", 4), 4: ("uint32", 4), 2: ("uint16", 2), 1: ("uint8", 1)}[w]
+            self.views.append((T.decl_buffer((self.n * self.k * w // 8 // per,), vdt, data=bb.data), w, per))
+
+        def compute(wbuf, sbuf, xbuf):
+            for ur in range(h.unroll):
+                self.set_x(xbuf, ur)
+
+                def code(t, r, ur=ur):
+                    if self.s_word:
+                        return tirx.BufferLoad(sbuf, [0, t, r]) >> _c(8 * ur) & _c(255)
+                    return tirx.BufferLoad(sbuf, [ur, t, r])
+
+                self.step(lambda t, r, p, i, ur=ur: tirx.BufferLoad(wbuf, [ur, t, r, p, i]), code)
+
+        def copy(dst, src):
+            for idx in itertools.product(*(range(int(d)) for d in src.shape)):
+                T.buffer_store(dst, tirx.BufferLoad(src, list(idx)), list(idx))
+
+        self.load_weights(0, wraw, sraw)
+        if self.pipe_x:
+            self.load_x(0, xraw)
+        with T.serial(0, self.iters - 1) as it:
+            copy(wcur, wraw)
+            copy(scur, sraw)
+            if self.pipe_x:
+                copy(xcur, xraw)
+            self.load_weights(it + 1, wraw, sraw)
+            if self.pipe_x:
+                self.load_x(it + 1, xraw)
+            else:
+                self.load_x(it, xcur)
+            compute(wcur, scur, xcur)
+        if not self.pipe_x:
+            self.load_x(self.iters - 1, xraw)
+        compute(wraw, sraw, xraw)
+
+    def load_weights(self, it, wbuf, sbuf) -> None:
+        """The codes and scales of iteration ``it`` (``unroll`` steps) into registers."""
+        T, h, k = self.T, self.h, self.k
+        step0 = self.ty * self.steps + it * h.unroll
+        if self.s_word:
+            for t, r in itertools.product(range(h.nt), range(2)):
+                row = self.n0 + 16 * t + self.quad + 8 * r
+                val = tirx.BufferLoad(self.s32, [(self.ix(row) * (k // STEP) + step0) // 4])
+                T.buffer_store(sbuf, val, [0, t, r])
+        for ur, t, r in itertools.product(range(h.unroll), range(h.nt), range(2)):
+            step, row = step0 + ur, self.n0 + 16 * t + self.quad + 8 * r
+            for p, (view, w, per) in enumerate(self.views):
+                # this thread's w bytes: (row * k + 32 step + 8 j) * w / 8
+                base = self.ix(row) * (k * w // 8 // per) + (step * (4 * w) + self.j * w) // per
+                for q in range(max(1, w // 4)):
+                    val = tirx.Cast("uint32", tirx.BufferLoad(view, [base + q]))
+                    T.buffer_store(wbuf, val, [ur, t, r, p, q])
+            if not self.s_word:
+                val = tirx.Cast("uint32", tirx.BufferLoad(self.S, [row, step * STEP // self.block_size]))
+                T.buffer_store(sbuf, val, [ur, t, r])
+
+    # ---- stages ≥ 2: cp.async ring ------------------------------------------------------------
+
+    def ring_loop(self) -> None:
+        """``stages - 1`` iterations in flight through this warp's ring; iteration ``it`` waits for
+        its copies (``wait_group``), a warp barrier makes every lane's copies visible to all, then
+        the slot freed by ``it - 1`` is refilled with ``it + stages - 1`` and ``it`` computes."""
+        T, h = self.T, self.h
+        codes, scales, acts = _ring_layout(h, self.fmt.bits, self.m_tile)
+        self.slot16 = (codes + scales + acts) // 16  # every part is a multiple of 16 bytes
+        self.s_off, self.x_off = codes, codes + scales
+        self.ring = T.alloc_buffer((h.kw * h.stages * self.slot16,), "uint32x4", scope="shared.dyn")
+        wreg = T.alloc_buffer((h.unroll, h.nt, 2, len(self.widths), 2), "uint32", scope="local")
+        sreg = T.alloc_buffer((h.nt, 2, h.unroll // 4), "uint32", scope="local")
+        xreg = self._zeroed((h.unroll, self.xt_n, 4)) if self.pipe_x else None
+        xcur = None if self.pipe_x else self._zeroed((h.unroll, self.xt_n, 4))
+        commit = T.ptx["cp.async.commit_group"]
+        for s in range(h.stages - 1):
+            if s < self.iters:
+                self.ring_issue(s, s)
+            T.evaluate(commit())
+        with T.serial(0, self.iters) as it:
+            T.evaluate(T.ptx["cp.async.wait_group"](h.stages - 2))
+            T.evaluate(T.ptx.bar.warp.sync(_c(0xFFFFFFFF)))
+            nxt = it + h.stages - 1
+            with T.If(nxt < self.iters):
+                with T.Then():
+                    self.ring_issue(nxt, nxt % h.stages)
+            T.evaluate(commit())
+            if not self.pipe_x:
+                self.load_x(it, xcur)
+            slot = it % h.stages
+            self.ring_read(slot, wreg, sreg, xreg)
+            for ur in range(h.unroll):
+                self.set_x(xreg if self.pipe_x else xcur, ur)
+
+                def code(t, r, ur=ur):
+                    return tirx.BufferLoad(sreg, [t, r, ur // 4]) >> _c(8 * (ur % 4)) & _c(255)
+
+                self.step(lambda t, r, p, i, ur=ur: tirx.BufferLoad(wreg, [ur, t, r, p, i]), code)
+
+    def _smem(self, slot, byte):
+        """The shared-state address of byte ``byte`` of ring slot ``slot`` of this warp (indexing
+        16-byte elements, so the buffer's extent covers every 16-byte copy)."""
+        T = self.T
+        unit = (self.ty * self.h.stages + slot) * self.slot16 + byte // 16
+        addr = T.cuda.cvta_generic_to_shared(T.address_of(self.ring[unit]))
+        rem = byte % 16
+        return addr if isinstance(rem, int) and rem == 0 else addr + tirx.Cast("uint32", rem)
+
+    def _swizzle(self, chunk, row, pieces: int):
+        """16-byte chunk ``chunk`` of ``row`` (``pieces`` chunks a row) XOR-moved so the 8 rows a
+        quarter-warp reads start in distinct bank groups."""
+        p8 = min(pieces, 8)
+        if p8 == 1:
+            return chunk
+        return tirx.bitwise_xor(chunk, row // (8 // p8) % p8)
+
+    def ring_issue(self, it, slot) -> None:
+        """``cp.async`` of iteration ``it``'s codes (16-byte chunks of 16 rows × ``unroll`` steps per
+        plane and tile), scales (``unroll`` bytes a row) and activations (16 bytes a lane a step)."""
+        T, h, tx = self.T, self.h, self.tx
+        step0 = self.ty * self.steps + it * h.unroll
+        cp16 = T.ptx["cp.async.cg.shared.global"]
+        off = 0
+        for t in range(h.nt):
+            for bb, w in zip(self.B, self.widths, strict=True):
+                rowb = 4 * w * h.unroll  # bytes of a row in this slot
+                pieces = rowb // 16
+                for i in range(-(-16 * pieces // 32)):
+                    unit = tx + 32 * i
+                    row, c = unit // pieces, unit % pieces
+                    grow = self.ix(self.n0 + 16 * t + row)
+                    src = bb.ptr_to([grow, step0 * (4 * w) + c * 16])
+                    dst = self._smem(slot, off + row * rowb + self._swizzle(c, row, pieces) * 16)
+                    if 16 * pieces >= 32 * (i + 1):
+                        T.evaluate(cp16(dst, src, 16))
+                    else:
+                        with T.If(tx < 16 * pieces - 32 * i):
+                            with T.Then():
+                                T.evaluate(cp16(dst, src, 16))
+                off += 16 * rowb
+        cp_s = T.ptx["cp.async.ca.shared.global"]
+        for t in range(h.nt):  # lanes 0..15: one row's `unroll` scale bytes each
+            with T.If(tx < 16):
+                with T.Then():
+                    src = self.S.ptr_to([self.n0 + 16 * t + tx, step0])
+                    T.evaluate(cp_s(self._smem(slot, self.s_off + (t * 16 + tx) * h.unroll), src, h.unroll))
+        if self.pipe_x:
+            qn = min(8, self.m_tile)
+            for ur, a in itertools.product(range(h.unroll), range(self.xt_n)):
+                xrow = a * 8 + self.quad
+                with T.If(tirx.Cast("int64", xrow) < self.m64):
+                    with T.Then():
+                        src = self.A.ptr_to([xrow, (step0 + ur) * STEP + self.j * 8])
+                        idx = ((ur * self.xt_n + a) * qn + self.quad) * 4 + self.j
+                        T.evaluate(cp16(self._smem(slot, self.x_off + idx * 16), src, 16))
+
+    def ring_read(self, slot, wreg, sreg, xreg) -> None:
+        """This lane's codes, scales and activations of a ring slot into registers."""
+        T, h = self.T, self.h
+        ld = T.ptx.ld.shared
+        off = 0
+        for t in range(h.nt):
+            for p, w in enumerate(self.widths):
+                rowb = 4 * w * h.unroll
+                for ur, r in itertools.product(range(h.unroll), range(2)):
+                    row = self.quad + 8 * r
+                    byte = ur * 4 * w + self.j * w  # this lane's w bytes of step ur
+                    chunk = self._swizzle(byte // 16, row, rowb // 16)
+                    addr = self._smem(slot, off + row * rowb + chunk * 16 + byte % 16)
+                    dst = [wreg[ur, t, r, p, q] for q in range(2)]
+                    if w == 8:
+                        T.evaluate(ld.v2.b32(*dst, addr))
+                    else:
+                        T.evaluate(getattr(ld, {4: "b32", 2: "u16", 1: "u8"}[w])(dst[0], addr))
+                off += 16 * rowb
+        for t, r in itertools.product(range(h.nt), range(2)):
+            addr = self._smem(slot, self.s_off + (t * 16 + self.quad + 8 * r) * h.unroll)
+            dst = [sreg[t, r, q] for q in range(h.unroll // 4)]
+            T.evaluate(ld.v2.b32(*dst, addr) if len(dst) == 2 else ld.b32(dst[0], addr))
+        if xreg is not None:
+            qn = min(8, self.m_tile)
+            for ur, a in itertools.product(range(h.unroll), range(self.xt_n)):
+                with T.If(tirx.Cast("int64", a * 8 + self.quad) < self.m64):
+                    with T.Then():
+                        idx = ((ur * self.xt_n + a) * qn + self.quad) * 4 + self.j
+                        addr = self._smem(slot, self.x_off + idx * 16)
+                        T.evaluate(ld.v4.b32(*[xreg[ur, a, q] for q in range(4)], addr))
+
+    # ---- cross-warp sum, then the epilogue (warp 0) ---------------------------------------------
+
+    def epilogue(self) -> None:
+        T, h, xt_n, tx, ty = self.T, self.h, self.xt_n, self.tx, self.ty
+        tiles = list(itertools.product(range(h.nt), range(xt_n), range(4)))
+        if h.kw > 1:
+            red = T.alloc_buffer((h.kw - 1, h.nt, xt_n, 4, 32), "float32", scope="shared")
+            with T.If(ty > 0):
+                with T.Then():
+                    for t, a, e in tiles:
+                        T.buffer_store(red, tirx.BufferLoad(self.acc, [t, a, e]), [ty - 1, t, a, e, tx])
+            T.evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
+        with T.If(ty == 0):
+            with T.Then():
+                for t, a, e in tiles:
+                    total = tirx.BufferLoad(self.acc, [t, a, e])
+                    for w_ in range(h.kw - 1):
+                        total = total + tirx.BufferLoad(red, [w_, t, a, e, tx])
+                    row = a * 8 + self.j * 2 + e % 2
+                    col = self.n0 + 16 * t + self.quad + 8 * (e // 2)
+                    val = total * tirx.const(pairs.out_factor(self.fmt), "float32")
+                    if self.bias:
+                        val = val + tirx.Cast("float32", tirx.BufferLoad(self.Bias, [col]))
+                    with T.If(tirx.Cast("int64", row) < self.m64):
+                        with T.Then():
+                            T.buffer_store(self.Y, tirx.Cast(self.out_dtype, val), [row, col])
