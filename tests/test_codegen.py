@@ -227,10 +227,10 @@ def test_mma_hints_shape_the_kernel():
     assert "cp.async" not in k.source
     ring = mxgemm.build("mxfp6_e3m2", n=512, k=1024, m_bucket=16, target="sm_90", hints=RING_HINTS)
     assert ring.rule == "mma" and ring.info["hints"] == RING_HINTS
-    # the ring: 16-byte copies, no block barrier but the cross-warp sum's; one loop body of
-    # unroll × nt × 2 n8 tiles × 2 mmas
+    # the ring: 16-byte copies, no block barrier but the cross-warp sum's two (it reuses the ring);
+    # one loop body of unroll × nt × 2 n8 tiles × 2 mmas
     assert "cp.async.cg.shared.global [%0], [%1], 16" in ring.source and "bar.warp.sync" in ring.source
-    assert ring.source.count("__syncthreads") == 1 and ring.source.count("mma.sync") == 8 * 2 * 2 * 2
+    assert ring.source.count("__syncthreads") == 2 and ring.source.count("mma.sync") == 8 * 2 * 2 * 2
     odd = mxgemm.build(
         "mxfp6_e3m2", n=528, k=1024, m_bucket=16, target="sm_90", hints={"nt": 2, "kw": 4, "unroll": 2}
     )

@@ -15,16 +15,17 @@ from mxgemm.layout import plane_widths
 U32 = "uint32"
 
 
-def _u32(x: PrimExpr | int) -> PrimExpr:
+def u32(x: PrimExpr | int) -> PrimExpr:
+    """``x`` as uint32: a constant for a Python int, else a cast."""
     return tirx.const(x, U32) if isinstance(x, int) else tirx.Cast(U32, x)
 
 
 def _read(plane: te.Tensor, row: PrimExpr, k: PrimExpr, width: int) -> PrimExpr:
     """The ``width``-bit code (width divides 8) of element ``k`` of a bitstream plane: one byte read."""
     if width == 8:
-        return _u32(plane[row, k])
+        return u32(plane[row, k])
     per = 8 // width
-    return (_u32(plane[row, k // per]) >> _u32((k % per) * width)) & _u32(2**width - 1)
+    return (u32(plane[row, k // per]) >> u32((k % per) * width)) & u32(2**width - 1)
 
 
 def extract_code(planes: list[te.Tensor], row: PrimExpr, k: PrimExpr, bits: int) -> PrimExpr:
@@ -33,7 +34,7 @@ def extract_code(planes: list[te.Tensor], row: PrimExpr, k: PrimExpr, bits: int)
     code, off = None, 0
     for plane, width in zip(planes, plane_widths(bits), strict=True):
         part = _read(plane, row, k, width)
-        part = part << _u32(off) if off else part
+        part = part << u32(off) if off else part
         code = part if code is None else code | part
         off += width
     return code
@@ -56,13 +57,13 @@ def element_expr(fmt: Format, code: PrimExpr, dtype: str = "float32") -> PrimExp
     f32 = "float32"
     if fmt.kind == "int":
         half = 2 ** (fmt.bits - 1)
-        biased = tirx.reinterpret(f32, (code ^ _u32(half)) | _u32(0x4B000000))
+        biased = tirx.reinterpret(f32, (code ^ u32(half)) | u32(0x4B000000))
         q = biased - tirx.const(2.0**23 + half, f32)
         value = q * tirx.const(fmt.min_subnormal, f32)
     else:
         low = fmt.bits - 1  # exponent + mantissa bits
-        sign = (code << _u32(32 - fmt.bits)) & _u32(0x80000000)
-        rest = (code << _u32(23 - fmt.mbits)) & _u32((2**low - 1) << (23 - fmt.mbits))
+        sign = (code << u32(32 - fmt.bits)) & u32(0x80000000)
+        rest = (code << u32(23 - fmt.mbits)) & u32((2**low - 1) << (23 - fmt.mbits))
         value = tirx.reinterpret(f32, sign | rest) * tirx.const(2.0 ** (127 - fmt.bias), f32)
     return value if dtype == f32 else tirx.Cast(dtype, value)
 
@@ -73,9 +74,9 @@ def scale_expr(scale_code: PrimExpr) -> PrimExpr:
     Code 0 sets bit 22 (2**-127, an fp32 subnormal, which flush-to-zero hardware reads as 0);
     code 255 sets it too, giving the quiet NaN 0x7FC00000.
     """
-    c = _u32(scale_code)
-    special = tirx.Cast(U32, tirx.Or(c == _u32(0), c == _u32(255))) << _u32(22)
-    return tirx.reinterpret("float32", (c << _u32(23)) | special)
+    c = u32(scale_code)
+    special = tirx.Cast(U32, tirx.Or(c == u32(0), c == u32(255))) << u32(22)
+    return tirx.reinterpret("float32", (c << u32(23)) | special)
 
 
 def weight_expr(

@@ -1,4 +1,4 @@
-"""Two codes per integer op: MX/BFP element codes → fp16 pairs (``half2`` bits in a uint32), the B
+"""Two codes per integer op: MX/BFP element codes → fp16 pairs (``half2`` bits in a uint32), the A
 operand of ``mma.sync`` straight from registers.
 
 A pair's two codes are moved to the same offset of the two 16-bit halves of a word (one ``prmt``),
@@ -17,34 +17,29 @@ from collections.abc import Callable
 from tvm import tirx
 from tvm.ir import Expr as PrimExpr
 
+from mxgemm.codegen.decode import U32, u32
 from mxgemm.formats import Format
 from mxgemm.layout import plane_widths
-
-U32 = "uint32"
-
-
-def _c(v: int) -> PrimExpr:
-    return tirx.const(v, U32)
 
 
 def _rep(mask16: int) -> PrimExpr:
     """A 16-bit mask in both halves of a uint32."""
-    return _c(mask16 | mask16 << 16)
+    return u32(mask16 | mask16 << 16)
 
 
 def _shift(x: PrimExpr, s: int) -> PrimExpr:
-    return x if s == 0 else (x << _c(s) if s > 0 else x >> _c(-s))
+    return x if s == 0 else (x << u32(s) if s > 0 else x >> u32(-s))
 
 
 def prmt(a: PrimExpr, b: PrimExpr, sel: int, cuda: bool) -> PrimExpr:
     """PTX ``prmt`` (CUDA ``__byte_perm``): byte ``i`` of the result is byte ``sel >> 4i & 7`` of the
     8 bytes ``b:a``. One instruction on CUDA; shifts and masks elsewhere (the CPU tests)."""
     if cuda:
-        return tirx.call_pure_extern(U32, "__byte_perm", a, b, _c(sel))
+        return tirx.call_pure_extern(U32, "__byte_perm", a, b, u32(sel))
     out = None
     for i in range(4):
         src = sel >> 4 * i & 7
-        byte = _shift((a if src < 4 else b) & _c(0xFF << 8 * (src % 4)), 8 * (i - src % 4))
+        byte = _shift((a if src < 4 else b) & u32(0xFF << 8 * (src % 4)), 8 * (i - src % 4))
         out = byte if out is None else out | byte
     return out
 
@@ -58,7 +53,7 @@ def _field(word: PrimExpr, w: int, bit: int, dest: int, cuda: bool) -> tuple[Pri
     byte, within = (bit + w) // 8, (bit + w) % 8
     lo = min((0, 1), key=lambda lane: abs(dest - (8 * lane + within)))
     sel = byte << 4 * lo | (4 + byte) << 4 * (lo + 2)
-    return prmt(word << _c(w), word, sel, cuda), 8 * lo + within
+    return prmt(word << u32(w), word, sel, cuda), 8 * lo + within
 
 
 def decode_pair(fmt: Format, word: Callable[[int, int], PrimExpr], pair: int, cuda: bool = True) -> PrimExpr:

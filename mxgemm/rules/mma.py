@@ -42,7 +42,7 @@ from tvm import tirx
 from mxgemm import formats
 from mxgemm.codegen import pairs
 from mxgemm.codegen import target as targets
-from mxgemm.codegen.decode import scale_expr
+from mxgemm.codegen.decode import scale_expr, u32
 from mxgemm.layout import plane_widths
 
 M_TILES = (1, 4, 16, 64)  # M buckets this rule serves
@@ -100,17 +100,25 @@ def _ring_layout(h: Hints, bits: int, m_tile: int) -> tuple[int, int, int]:
     return codes, scales, acts
 
 
+def _red_bytes(h: Hints, m_tile: int) -> int:
+    """The cross-warp sum: every warp but the first parks its fp32 accumulators."""
+    return (h.kw - 1) * h.nt * -(-m_tile // 8) * 4 * 32 * 4
+
+
 def smem_bytes(h: Hints, m_tile: int, bits: int = 8) -> tuple[int, int]:
-    """(static, dynamic) shared memory of a block: the cross-warp sum (every warp but the first parks
-    its accumulators) and, with a ring, ``stages`` slots per warp of ``bits``-wide codes."""
-    red = (h.kw - 1) * h.nt * -(-m_tile // 8) * 4 * 32 * 4
-    return red, (h.kw * h.stages * sum(_ring_layout(h, bits, m_tile)) if h.stages else 0)
+    """(static, dynamic) shared memory of a block. The register pipeline: the cross-warp sum,
+    static. A ring: ``stages`` slots per warp of
+    ``bits``-wide codes, dynamic; the sum reuses it after the loop."""
+    red = _red_bytes(h, m_tile)
+    if not h.stages:
+        return red, 0
+    return 0, max(red, h.kw * h.stages * sum(_ring_layout(h, bits, m_tile)))
 
 
 def smem_fits(h: Hints, m_tile: int, bits: int = 8) -> bool:
     """Whether a block of ``h`` fits :data:`SMEM` static and :data:`RING_SMEM` dynamic bytes."""
-    red, ring = smem_bytes(h, m_tile, bits)
-    return red <= SMEM and ring <= RING_SMEM
+    static, dynamic = smem_bytes(h, m_tile, bits)
+    return static <= SMEM and dynamic <= RING_SMEM
 
 
 def candidates(n: int, m_tile: int, bits: int = 8, block_size: int = STEP) -> list[Hints]:
@@ -119,10 +127,14 @@ def candidates(n: int, m_tile: int, bits: int = 8, block_size: int = STEP) -> li
     registers; rings need one scale per step)."""
     regs = itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4), (0,))
     rings = itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (4, 8), (2, 3, 4) if block_size == STEP else ())
+    # past 16 rows the activations are loaded each iteration, not ringed: 8 steps would spill
     return [
         h
         for h in (Hints(*p) for p in itertools.chain(regs, rings))
-        if n % (16 * h.nt) == 0 and smem_fits(h, m_tile, bits) and h.nt * -(-m_tile // 8) <= 16
+        if n % (16 * h.nt) == 0
+        and smem_fits(h, m_tile, bits)
+        and h.nt * -(-m_tile // 8) <= 16
+        and not (h.stages and m_tile > 16 and h.unroll > 4)
     ]
 
 
@@ -149,8 +161,9 @@ def default_hints(
 ) -> Hints | None:
     """What measured fastest on an H100 (``benchmarks/README.md``): a two-stage ring of 8 steps, one
     weight tile a warp and 8 warps a block up to 4 rows (4 warps when N gives more than 4 blocks an
-    SM), two tiles and 4 warps at 16 rows; the register pipeline, two tiles and 2 steps, at 64 rows
-    (the accumulators double). Else the first smaller fitting configuration, else the cheapest
+    SM), two tiles and 4 warps at 16 rows; the register pipeline at 64 rows: two tiles and 2 steps
+    (the accumulators double), or one tile, 4 steps and 8 warps where N has fewer 16-row tiles than
+    the GPU has SMs. Else the first smaller fitting configuration, else the cheapest
     candidate by :func:`cost`; None when nothing tiles the shape."""
     sms = targets.sm_count(target["arch"])
     kw = 8 if n // 16 <= 4 * sms else 4
@@ -159,6 +172,8 @@ def default_hints(
         prefs = [(1, kw, 8, 2), (1, 4, 8, 2), (1, 2, 8, 2), (1, kw, 4, 2), (1, 4, 4, 2), *regs]
     elif m_tile <= 16:
         prefs = [(2, 4, 8, 2), (1, 4, 8, 2), (2, 4, 4, 2), (1, 2, 8, 2), (1, 4, 4, 2), *regs]
+    elif n // 16 < sms:  # too few 16-row tiles to give every SM one: one tile a warp, more warps
+        prefs = [(1, 8, 4, 0), (1, 4, 4, 0), (1, 2, 4, 0), (1, 4, 2, 0), (1, 2, 2, 0), (1, 1, 2, 0)]
     else:
         prefs = [(2, 4, 2, 0), (1, 4, 2, 0), (1, 2, 2, 0), (1, 1, 2, 0), (1, 4, 1, 0)]
     cands = [h for h in candidates(n, m_tile, bits, block_size) if fits(h, n, k)]
@@ -212,10 +227,6 @@ def kernel(
     return ib.get()
 
 
-def _c(v: int) -> tirx.PrimExpr:
-    return tirx.const(v, "uint32")
-
-
 class _Kernel:
     """Emits the kernel into the IR builder frame ``T`` is building (one method per part)."""
 
@@ -227,6 +238,7 @@ class _Kernel:
         self.steps = k // STEP // h.kw  # K steps per warp
         self.iters = self.steps // h.unroll
         self.wide = n * k >= 2**31
+        self.words = 2 if 8 in self.widths else 1  # uint32 words of a lane's codes of a step, per plane
         self.pipe_x = self.xt_n <= 2  # activations ride the pipeline (64 rows: too many registers)
         # register pipeline: the scales of 4 steps in one 32-bit load (block 32, rows 4-byte aligned)
         self.s_word = not h.stages and block_size == STEP and h.unroll == 4 and (k // STEP) % 4 == 0
@@ -334,7 +346,7 @@ class _Kernel:
         T, h = self.T, self.h
         xraw = self._zeroed((h.unroll, self.xt_n, 4))
         xcur = self._zeroed((h.unroll, self.xt_n, 4))
-        wraw = T.alloc_buffer((h.unroll, h.nt, 2, len(self.widths), 2), "uint32", scope="local")
+        wraw = T.alloc_buffer((h.unroll, h.nt, 2, len(self.widths), self.words), "uint32", scope="local")
         sraw = T.alloc_buffer((1 if self.s_word else h.unroll, h.nt, 2), "uint32", scope="local")
         wcur = T.alloc_buffer(wraw.shape, "uint32", scope="local")
         scur = T.alloc_buffer(sraw.shape, "uint32", scope="local")
@@ -352,7 +364,7 @@ class _Kernel:
 
                 def code(t, r, ur=ur):
                     if self.s_word:
-                        return tirx.BufferLoad(sbuf, [0, t, r]) >> _c(8 * ur) & _c(255)
+                        return tirx.BufferLoad(sbuf, [0, t, r]) >> u32(8 * ur) & u32(255)
                     return tirx.BufferLoad(sbuf, [ur, t, r])
 
                 self.step(lambda t, r, p, i, ur=ur: tirx.BufferLoad(wbuf, [ur, t, r, p, i]), code)
@@ -410,8 +422,12 @@ class _Kernel:
         codes, scales, acts = _ring_layout(h, self.fmt.bits, self.m_tile)
         self.slot16 = (codes + scales + acts) // 16  # every part is a multiple of 16 bytes
         self.s_off, self.x_off = codes, codes + scales
-        self.ring = T.alloc_buffer((h.kw * h.stages * self.slot16,), "uint32x4", scope="shared.dyn")
-        wreg = T.alloc_buffer((h.unroll, h.nt, 2, len(self.widths), 2), "uint32", scope="local")
+        # the cross-warp sum reuses the ring after the loop (one dynamic allocation, so a block over
+        # 48 KB always gets the opt-in: static + dynamic bytes must not pass 48 KB without it)
+        red16 = -(-_red_bytes(h, self.m_tile) // 16)
+        units = max(h.kw * h.stages * self.slot16, red16)
+        self.ring = T.alloc_buffer((units,), "uint32x4", scope="shared.dyn")
+        wreg = T.alloc_buffer((h.unroll, h.nt, 2, len(self.widths), self.words), "uint32", scope="local")
         sreg = T.alloc_buffer((h.nt, 2, h.unroll // 4), "uint32", scope="local")
         xreg = self._zeroed((h.unroll, self.xt_n, 4)) if self.pipe_x else None
         xcur = None if self.pipe_x else self._zeroed((h.unroll, self.xt_n, 4))
@@ -422,7 +438,7 @@ class _Kernel:
             T.evaluate(commit())
         with T.serial(0, self.iters) as it:
             T.evaluate(T.ptx["cp.async.wait_group"](h.stages - 2))
-            T.evaluate(T.ptx.bar.warp.sync(_c(0xFFFFFFFF)))
+            T.evaluate(T.ptx.bar.warp.sync(u32(0xFFFFFFFF)))
             nxt = it + h.stages - 1
             with T.If(nxt < self.iters):
                 with T.Then():
@@ -436,7 +452,7 @@ class _Kernel:
                 self.set_x(xreg if self.pipe_x else xcur, ur)
 
                 def code(t, r, ur=ur):
-                    return tirx.BufferLoad(sreg, [t, r, ur // 4]) >> _c(8 * (ur % 4)) & _c(255)
+                    return tirx.BufferLoad(sreg, [t, r, ur // 4]) >> u32(8 * (ur % 4)) & u32(255)
 
                 self.step(lambda t, r, p, i, ur=ur: tirx.BufferLoad(wreg, [ur, t, r, p, i]), code)
 
@@ -510,7 +526,7 @@ class _Kernel:
                     byte = ur * 4 * w + self.j * w  # this lane's w bytes of step ur
                     chunk = self._swizzle(byte // 16, row, rowb // 16)
                     addr = self._smem(slot, off + row * rowb + chunk * 16 + byte % 16)
-                    dst = [wreg[ur, t, r, p, q] for q in range(2)]
+                    dst = [wreg[ur, t, r, p, q] for q in range(self.words)]
                     if w == 8:
                         T.evaluate(ld.v2.b32(*dst, addr))
                     else:
@@ -535,7 +551,12 @@ class _Kernel:
         T, h, xt_n, tx, ty = self.T, self.h, self.xt_n, self.tx, self.ty
         tiles = list(itertools.product(range(h.nt), range(xt_n), range(4)))
         if h.kw > 1:
-            red = T.alloc_buffer((h.kw - 1, h.nt, xt_n, 4, 32), "float32", scope="shared")
+            shape = (h.kw - 1, h.nt, xt_n, 4, 32)
+            if h.stages:  # in the ring, once every warp is done with it
+                T.evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
+                red = T.decl_buffer(shape, "float32", data=self.ring.data, scope="shared.dyn")
+            else:
+                red = T.alloc_buffer(shape, "float32", scope="shared")
             with T.If(ty > 0):
                 with T.Then():
                     for t, a, e in tiles:
