@@ -427,9 +427,13 @@ class _Kernel:
         red16 = -(-_red_bytes(h, self.m_tile) // 16)
         units = max(h.kw * h.stages * self.slot16, red16)
         self.ring = T.alloc_buffer((units,), "uint32x4", scope="shared.dyn")
-        wreg = T.alloc_buffer((h.unroll, h.nt, 2, len(self.widths), self.words), "uint32", scope="local")
+        # a slot's codes and activations go to registers all at once (fewer dependent waits), except
+        # with 16 activation rows: one step ahead of the mmas (fewer registers); both measured faster
+        ahead = self.xt_n != 2
+        nb = h.unroll if ahead else 2
+        wreg = T.alloc_buffer((nb, h.nt, 2, len(self.widths), self.words), "uint32", scope="local")
         sreg = T.alloc_buffer((h.nt, 2, h.unroll // 4), "uint32", scope="local")
-        xreg = self._zeroed((h.unroll, self.xt_n, 4)) if self.pipe_x else None
+        xreg = self._zeroed((nb, self.xt_n, 4)) if self.pipe_x else None
         xcur = None if self.pipe_x else self._zeroed((h.unroll, self.xt_n, 4))
         commit = T.ptx["cp.async.commit_group"]
         for s in range(h.stages - 1):
@@ -447,14 +451,16 @@ class _Kernel:
             if not self.pipe_x:
                 self.load_x(it, xcur)
             slot = it % h.stages
-            self.ring_read(slot, wreg, sreg, xreg)
+            self.read_steps(slot, range(h.unroll) if ahead else [0], wreg, xreg, sreg)
             for ur in range(h.unroll):
-                self.set_x(xreg if self.pipe_x else xcur, ur)
+                if not ahead and ur + 1 < h.unroll:
+                    self.read_steps(slot, [ur + 1], wreg, xreg)
+                self.set_x(xreg, ur % nb) if self.pipe_x else self.set_x(xcur, ur)
 
                 def code(t, r, ur=ur):
                     return tirx.BufferLoad(sreg, [t, r, ur // 4]) >> u32(8 * (ur % 4)) & u32(255)
 
-                self.step(lambda t, r, p, i, ur=ur: tirx.BufferLoad(wreg, [ur, t, r, p, i]), code)
+                self.step(lambda t, r, p, i, b=ur % nb: tirx.BufferLoad(wreg, [b, t, r, p, i]), code)
 
     def _smem(self, slot, byte):
         """The shared-state address of byte ``byte`` of ring slot ``slot`` of this warp (indexing
@@ -513,37 +519,41 @@ class _Kernel:
                         idx = ((ur * self.xt_n + a) * qn + self.quad) * 4 + self.j
                         T.evaluate(cp16(self._smem(slot, self.x_off + idx * 16), src, 16))
 
-    def ring_read(self, slot, wreg, sreg, xreg) -> None:
-        """This lane's codes, scales and activations of a ring slot into registers."""
+    def read_steps(self, slot, urs, wreg, xreg, sreg=None) -> None:
+        """This lane's codes of steps ``urs`` of a ring slot into ``wreg[ur % len(wreg)]``, then (if
+        ``sreg``) its two rows' scale codes (``unroll`` bytes a row), then (if ``xreg``) its
+        activations into ``xreg[ur % len(xreg)]``."""
         T, h = self.T, self.h
         ld = T.ptx.ld.shared
+        nb = int(wreg.shape[0])
         off = 0
         for t in range(h.nt):
             for p, w in enumerate(self.widths):
                 rowb = 4 * w * h.unroll
-                for ur, r in itertools.product(range(h.unroll), range(2)):
+                for ur, r in itertools.product(urs, range(2)):
                     row = self.quad + 8 * r
                     byte = ur * 4 * w + self.j * w  # this lane's w bytes of step ur
                     chunk = self._swizzle(byte // 16, row, rowb // 16)
                     addr = self._smem(slot, off + row * rowb + chunk * 16 + byte % 16)
-                    dst = [wreg[ur, t, r, p, q] for q in range(self.words)]
+                    dst = [wreg[ur % nb, t, r, p, q] for q in range(self.words)]
                     if w == 8:
                         T.evaluate(ld.v2.b32(*dst, addr))
                     else:
                         T.evaluate(getattr(ld, {4: "b32", 2: "u16", 1: "u8"}[w])(dst[0], addr))
                 off += 16 * rowb
-        for t, r in itertools.product(range(h.nt), range(2)):
-            addr = self._smem(slot, self.s_off + (t * 16 + self.quad + 8 * r) * h.unroll)
-            dst = [sreg[t, r, q] for q in range(h.unroll // 4)]
-            T.evaluate(ld.v2.b32(*dst, addr) if len(dst) == 2 else ld.b32(dst[0], addr))
+        if sreg is not None:
+            for t, r in itertools.product(range(h.nt), range(2)):
+                addr = self._smem(slot, self.s_off + (t * 16 + self.quad + 8 * r) * h.unroll)
+                dst = [sreg[t, r, q] for q in range(h.unroll // 4)]
+                T.evaluate(ld.v2.b32(*dst, addr) if len(dst) == 2 else ld.b32(dst[0], addr))
         if xreg is not None:
             qn = min(8, self.m_tile)
-            for ur, a in itertools.product(range(h.unroll), range(self.xt_n)):
+            for ur, a in itertools.product(urs, range(self.xt_n)):
                 with T.If(tirx.Cast("int64", a * 8 + self.quad) < self.m64):
                     with T.Then():
                         idx = ((ur * self.xt_n + a) * qn + self.quad) * 4 + self.j
                         addr = self._smem(slot, self.x_off + idx * 16)
-                        T.evaluate(ld.v4.b32(*[xreg[ur, a, q] for q in range(4)], addr))
+                        T.evaluate(ld.v4.b32(*[xreg[ur % nb, a, q] for q in range(4)], addr))
 
     # ---- cross-warp sum, then the epilogue (warp 0) ---------------------------------------------
 
