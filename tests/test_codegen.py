@@ -207,6 +207,9 @@ def test_mma_ring_needs_block_32_scales():
     assert mma.default_hints(tgt, 4096, 4096, 4, 1).stages == 2
     assert mma.default_hints(tgt, 4096, 4096, 4, 1, block_size=64).stages == 0
     assert all(not h.stages for h in mma.candidates(4096, 16, 4, block_size=64))
+    # a ring's blocks: no static shared memory; the sum reuses the ring (the larger of the two)
+    ring = mma.Hints(1, 8, 8, 2)
+    assert mma.smem_bytes(ring, 64, 2) == (0, max(7 * 8 * 512, 8 * 2 * (16 * 8 * 4 * 2 + 16 * 8)))
     with pytest.raises(ValueError, match="one scale per 32-wide step"):
         mma.kernel(
             formats.get("bfp4"), n=256, k=1024, m_tile=1, out_dtype="float16", bias=False, block_size=64,
@@ -231,6 +234,9 @@ def test_mma_hints_shape_the_kernel():
     # one loop body of unroll × nt × 2 n8 tiles × 2 mmas
     assert "cp.async.cg.shared.global [%0], [%1], 16" in ring.source and "bar.warp.sync" in ring.source
     assert ring.source.count("__syncthreads") == 2 and ring.source.count("mma.sync") == 8 * 2 * 2 * 2
+    # one dynamic allocation (ring + sum) and no static one: a block over 48 KB gets TVM's opt-in only
+    # when its dynamic part alone passes 48 KB (30 tune candidates failed to launch before)
+    assert "extern __shared__" in ring.source and re.search(r"^\s*__shared__", ring.source, re.M) is None
     odd = mxgemm.build(
         "mxfp6_e3m2", n=528, k=1024, m_bucket=16, target="sm_90", hints={"nt": 2, "kw": 4, "unroll": 2}
     )
