@@ -10,27 +10,43 @@ BLOCK_CASES = (("mxfp4", 8, 24, 64), ("bfp5", 256, 24, 512), ("mxfp6_e2m3", 64, 
 GEMV_N, GEMV_K = 64, 2048  # a shape the small-M `gemv` rule tiles for every format (K % 2048 == 0)
 CHUNK_FORMATS = ("mxfp4", "mxfp6_e3m2", "mxfp8_e5m2", "mxint8", "bfp3")  # the chunked decode + cuBLAS path
 TC_N, TC_K = 256, 2048  # a shape the tensor-core rule tiles for every format (N % 128, K % (32 × 16))
-RULE_CASES = (("mma", "float16"), ("tensorcore", "float16"), ("gemv", "float16"), ("gemv", "bfloat16"))
+# (rule, activation dtype); "mma-regs": the mma rule's register pipeline (its defaults take the ring up
+# to 16 rows)
+RULE_CASES = (
+    ("mma", "float16"),
+    ("mma-regs", "float16"),
+    ("tensorcore", "float16"),
+    ("gemv", "float16"),
+    ("gemv", "bfloat16"),
+)
 
 
 def rule_shape(rule: str) -> tuple[int, int, tuple[int, ...]]:
     """(n, k, the M values) a small-M rule is tested at: every bucket it serves, padded and full."""
     if rule == "gemv":
         return GEMV_N, GEMV_K, (1, 3, 16)
-    return TC_N, TC_K, ((1, 3, 5, 16, 17, 64) if rule == "mma" else (5, 16, 17, 64))
+    ms = {"mma": (1, 3, 5, 16, 17, 64), "mma-regs": (1, 3, 5, 16)}.get(rule, (5, 16, 17, 64))
+    return TC_N, TC_K, ms
 
 
 def rule_kernel(rule: str, fmt: str, dtype: str, bias: bool, m: int, arch: str) -> dict:
-    """`mxgemm.build` arguments of ``rule``'s kernel for ``m`` rows, pinned by the rule's default hints."""
+    """`mxgemm.build` arguments of ``rule``'s kernel for ``m`` rows, pinned by the rule's default hints
+    (``mma-regs``: the mma rule with one tile, 4 warps, 4 steps and no ring)."""
     from mxgemm.codegen import target as targets
     from mxgemm.layout import plane_widths
     from mxgemm.rules import gemv, mma, tensorcore
 
-    mod = {"gemv": gemv, "mma": mma, "tensorcore": tensorcore}[rule]
+    mod = {"gemv": gemv, "mma": mma, "mma-regs": mma, "tensorcore": tensorcore}[rule]
     n, k, _ = rule_shape(rule)
     bucket = next(b for b in mod.M_TILES if m <= b)
     tgt = targets.resolve(arch)
-    hints = mod.default_hints(tgt, n, k, plane_widths(mxgemm.formats.get(fmt).bits)[0], bucket)
+    f = mxgemm.formats.get(fmt)
+    if rule == "mma-regs":
+        hints = mma.Hints(1, 4, 4, 0)
+    elif mod is mma:  # sizes its ring by every plane
+        hints = mma.default_hints(tgt, n, k, f.bits, bucket, f.block_size)
+    else:
+        hints = mod.default_hints(tgt, n, k, plane_widths(f.bits)[0], bucket)
     return dict(
         fmt=fmt, n=n, k=k, m_bucket=bucket, a_dtype=dtype, bias=bias, target=tgt, hints=hints.to_dict()
     )
