@@ -108,10 +108,11 @@ def candidates(task: Task, budget: int) -> list[dict[str, Any]]:
     tgt = task.target()
     rule = rules.rule_for(task.fmt, task.n, task.k, task.m_bucket, task.a_dtype, f.block_size, tgt)
     if rule is mma:  # sizes its shared-memory ring by every plane, and rings need block-32 scales
-        bits, cands = f.bits, mma.candidates(task.n, task.m_bucket, f.bits, f.block_size)
+        bits, extra = f.bits, {"block_size": f.block_size}
+        cands = mma.candidates(task.n, task.m_bucket, bits, f.block_size)
     else:
-        bits, cands = bits0, rule.candidates(task.n, task.m_bucket)
-    extra = {"block_size": f.block_size} if rule is mma else {}
+        bits, extra = bits0, {}
+        cands = rule.candidates(task.n, task.m_bucket)
     default = rule.default_hints(tgt, task.n, task.k, bits, task.m_bucket, **extra)
     fits = [h for h in cands if rule.fits(h, task.n, task.k, bits)]
     rest = sorted(
