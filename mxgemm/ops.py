@@ -52,11 +52,11 @@ def plan(m: int, device_type: str, fmt: str, n: int, k: int, a_dtype: str) -> tu
     if device_type != "cuda" or m == 1:
         return "linear", bucket
     f = formats.get(fmt)
-    if bucket in mma.M_TILES and mma.applies(f, f.block_size, a_dtype, bucket) and mma.shape_fits(n, k):
+    if bucket in mma.M_TILES and mma.applies(f, f.block_size, a_dtype, bucket) and mma.shape_fits(n, k, f):
         return "linear", bucket
     bits0 = plane_widths(f.bits)[0]
     tc_bucket = next((b for b in tensorcore.M_TILES if m <= b), None)
-    tc = a_dtype == "float16" and tc_bucket is not None and tensorcore.shape_fits(n, k, bits0, tc_bucket)
+    tc = a_dtype == "float16" and tc_bucket is not None and tensorcore.shape_fits(n, k, f, tc_bucket)
     if m <= (DECODE_ABOVE if bits0 == 8 or not tc else 2):
         return "linear", bucket
     return ("linear", tc_bucket) if tc else ("decode", None)

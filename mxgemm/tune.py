@@ -100,24 +100,16 @@ def candidates(task: Task, budget: int) -> list[dict[str, Any]]:
 
         return cpu.candidates(task.n)[: max(1, budget)]  # the default (first fitting tile) leads
     from mxgemm import rules
-    from mxgemm.layout import plane_widths
-    from mxgemm.rules import mma
 
     f = formats.get(task.fmt)
-    bits0 = plane_widths(f.bits)[0]
     tgt = task.target()
     rule = rules.rule_for(task.fmt, task.n, task.k, task.m_bucket, task.a_dtype, f.block_size, tgt)
-    if rule is mma:  # sizes its shared-memory ring by every plane, and rings need block-32 scales
-        bits, extra = f.bits, {"block_size": f.block_size}
-        cands = mma.candidates(task.n, task.m_bucket, bits, f.block_size)
-    else:
-        bits, extra = bits0, {}
-        cands = rule.candidates(task.n, task.m_bucket)
-    default = rule.default_hints(tgt, task.n, task.k, bits, task.m_bucket, **extra)
-    fits = [h for h in cands if rule.fits(h, task.n, task.k, bits)]
+    default = rule.default_hints(tgt, task.n, task.k, f, task.m_bucket, f.block_size)
+    cands = rule.candidates(task.n, task.m_bucket, f, f.block_size)
+    fits = [h for h in cands if rule.fits(h, task.n, task.k, f)]
     rest = sorted(
         (h for h in fits if h != default),
-        key=lambda h: rule.cost(h, tgt, task.n, task.k, bits, task.m_bucket),
+        key=lambda h: rule.cost(h, tgt, task.n, task.k, f, task.m_bucket),
     )
     return [h.to_dict() for h in [d for d in (default,) if d is not None] + rest][: max(1, budget)]
 

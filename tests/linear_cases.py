@@ -11,10 +11,11 @@ GEMV_N, GEMV_K = 64, 2048  # a shape the small-M `gemv` rule tiles for every for
 CHUNK_FORMATS = ("mxfp4", "mxfp6_e3m2", "mxfp8_e5m2", "mxint8", "bfp3")  # the chunked decode + cuBLAS path
 TC_N, TC_K = 256, 2048  # a shape the tensor-core rule tiles for every format (N % 128, K % (32 × 16))
 # (rule, activation dtype); "mma-regs": the mma rule's register pipeline (its defaults take the ring up
-# to 16 rows)
+# to 16 rows); "mma-shared": its ring with 4 warps sharing one copy of the activations
 RULE_CASES = (
     ("mma", "float16"),
     ("mma-regs", "float16"),
+    ("mma-shared", "float16"),
     ("tensorcore", "float16"),
     ("gemv", "float16"),
     ("gemv", "bfloat16"),
@@ -25,28 +26,26 @@ def rule_shape(rule: str) -> tuple[int, int, tuple[int, ...]]:
     """(n, k, the M values) a small-M rule is tested at: every bucket it serves, padded and full."""
     if rule == "gemv":
         return GEMV_N, GEMV_K, (1, 3, 16)
-    ms = {"mma": (1, 3, 5, 16, 17, 64), "mma-regs": (1, 3, 5, 16)}.get(rule, (5, 16, 17, 64))
-    return TC_N, TC_K, ms
+    ms = {"mma": (1, 3, 5, 16, 17, 64), "mma-regs": (1, 3, 5, 16), "mma-shared": (1, 3, 5, 16)}
+    return TC_N, TC_K, ms.get(rule, (5, 16, 17, 64))
 
 
 def rule_kernel(rule: str, fmt: str, dtype: str, bias: bool, m: int, arch: str) -> dict:
     """`mxgemm.build` arguments of ``rule``'s kernel for ``m`` rows, pinned by the rule's default hints
-    (``mma-regs``: the mma rule with one tile, 4 warps, 4 steps and no ring)."""
+    (``mma-regs``: the mma rule with one tile, 4 warps, 4 steps and no ring; ``mma-shared``: one tile,
+    2 × 4 warps, 8 steps, a two-stage ring, activations shared by 4 warps)."""
     from mxgemm.codegen import target as targets
-    from mxgemm.layout import plane_widths
     from mxgemm.rules import gemv, mma, tensorcore
 
-    mod = {"gemv": gemv, "mma": mma, "mma-regs": mma, "tensorcore": tensorcore}[rule]
+    mod = {"gemv": gemv, "tensorcore": tensorcore}.get(rule, mma)
     n, k, _ = rule_shape(rule)
     bucket = next(b for b in mod.M_TILES if m <= b)
     tgt = targets.resolve(arch)
     f = mxgemm.formats.get(fmt)
-    if rule == "mma-regs":
-        hints = mma.Hints(1, 4, 4, 0)
-    elif mod is mma:  # sizes its ring by every plane
-        hints = mma.default_hints(tgt, n, k, f.bits, bucket, f.block_size)
+    if rule in ("mma-regs", "mma-shared"):
+        hints = mma.Hints(1, 4, 4, 0) if rule == "mma-regs" else mma.Hints(1, 2, 8, 2, kn=4)
     else:
-        hints = mod.default_hints(tgt, n, k, plane_widths(f.bits)[0], bucket)
+        hints = mod.default_hints(tgt, n, k, f, bucket, f.block_size)
     return dict(
         fmt=fmt, n=n, k=k, m_bucket=bucket, a_dtype=dtype, bias=bias, target=tgt, hints=hints.to_dict()
     )

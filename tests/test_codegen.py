@@ -119,7 +119,7 @@ def test_cuda_compiles_every_format(fmt):
     """Small-M (ours), M=256 (dlight) and standalone-decode (ours) schedules are produced and nvcc
     compiles them into a fatbin (no CUDA source left)."""
     bits0 = plane_widths(mxgemm.formats.get(fmt).bits)[0]
-    tc_hints = tensorcore.default_hints(targets.cuda("sm_90"), 256, 2048, bits0, 64)
+    tc_hints = tensorcore.default_hints(targets.cuda("sm_90"), 256, 2048, mxgemm.formats.get(fmt), 64)
     for m_bucket, dtype, op, rule, hints in (
         (1, "float16", "linear", "gemv" if bits0 == 8 else "mma", None),  # 8-bit codes stream faster
         (4, "float16", "linear", "mma", None),
@@ -195,7 +195,8 @@ def test_routing_by_bucket_format_and_shape():
     assert ops.plan(3, "cpu", "mxfp4", 4096, 4096, "float16") == ("linear", None)
 
 
-RING_HINTS = {"nt": 2, "kw": 4, "unroll": 8, "stages": 2}
+RING_HINTS = {"nt": 2, "kw": 4, "unroll": 8, "stages": 2, "kn": 1}
+SHARED_HINTS = {"nt": 1, "kw": 2, "unroll": 8, "stages": 2, "kn": 4}  # 4 warps share activations
 
 
 def test_mma_ring_needs_block_32_scales():
@@ -204,12 +205,19 @@ def test_mma_ring_needs_block_32_scales():
     from mxgemm.rules import mma
 
     tgt = targets.cuda("sm_90")
-    assert mma.default_hints(tgt, 4096, 4096, 4, 1).stages == 2
-    assert mma.default_hints(tgt, 4096, 4096, 4, 1, block_size=64).stages == 0
-    assert all(not h.stages for h in mma.candidates(4096, 16, 4, block_size=64))
+    fp4 = formats.get("mxfp4")
+    assert mma.default_hints(tgt, 4096, 4096, fp4, 1).stages == 2
+    assert mma.default_hints(tgt, 4096, 4096, fp4, 1, block_size=64).stages == 0
+    assert all(not h.stages for h in mma.candidates(4096, 16, fp4, block_size=64))
     # a ring's blocks: no static shared memory; the sum reuses the ring (the larger of the two)
     ring = mma.Hints(1, 8, 8, 2)
     assert mma.smem_bytes(ring, 64, 2) == (0, max(7 * 8 * 512, 8 * 2 * (16 * 8 * 4 * 2 + 16 * 8)))
+    # kn warps share one copy of a slot's activations (16 rows × 8 steps × 32 k × 2 bytes)
+    codes, scales, acts = 16 * 8 * 4 * 4, 16 * 8, 16 * 8 * 32 * 2
+    assert mma.smem_bytes(mma.Hints(**SHARED_HINTS), 16, 4) == (0, 2 * 2 * (4 * (codes + scales) + acts))
+    assert mma.smem_bytes(mma.Hints(1, 2, 8, 2), 16, 4) == (0, 2 * 2 * (codes + scales + acts))
+    with pytest.raises(ValueError, match="out of range"):
+        mma.Hints(1, 4, 2, 0, kn=2)  # the register pipeline has no shared activations
     with pytest.raises(ValueError, match="one scale per 32-wide step"):
         mma.kernel(
             formats.get("bfp4"), n=256, k=1024, m_tile=1, out_dtype="float16", bias=False, block_size=64,
@@ -224,7 +232,7 @@ def test_mma_hints_shape_the_kernel():
     k = mxgemm.build(
         "mxfp6_e3m2", n=512, k=1024, m_bucket=16, target="sm_90", hints={"nt": 2, "kw": 4, "unroll": 2}
     )
-    assert k.rule == "mma" and k.info["hints"] == {"nt": 2, "kw": 4, "unroll": 2, "stages": 0}
+    assert k.rule == "mma" and k.info["hints"] == {"nt": 2, "kw": 4, "unroll": 2, "stages": 0, "kn": 1}
     # unroll × nt × (16 rows: 2 n8 tiles of activations) × 2 mmas, in the pipelined loop and after it
     assert "__launch_bounds__(128)" in k.source and k.source.count("mma.sync") == 2 * (2 * 2 * 2 * 2)
     assert "cp.async" not in k.source
@@ -237,6 +245,12 @@ def test_mma_hints_shape_the_kernel():
     # one dynamic allocation (ring + sum) and no static one: a block over 48 KB gets TVM's opt-in only
     # when its dynamic part alone passes 48 KB (30 tune candidates failed to launch before)
     assert "extern __shared__" in ring.source and re.search(r"^\s*__shared__", ring.source, re.M) is None
+    # kn = 4: a block of 2 × 4 warps, each group of 4 meets at its own named barrier every iteration
+    shared = mxgemm.build("mxfp6_e3m2", n=512, k=1024, m_bucket=16, target="sm_90", hints=SHARED_HINTS)
+    assert shared.info["hints"] == SHARED_HINTS and "__launch_bounds__(256)" in shared.source
+    barrier = r"bar_sync\w*\(\(\(uint\)\(\(\(int\)threadIdx.y\) \+ 1\)\), \(uint\)128\)"  # id 1 + ty, 4 warps
+    assert re.search(barrier, shared.source)
+    assert "bar.warp.sync" not in shared.source and shared.source.count("__syncthreads") == 2
     odd = mxgemm.build(
         "mxfp6_e3m2", n=528, k=1024, m_bucket=16, target="sm_90", hints={"nt": 2, "kw": 4, "unroll": 2}
     )

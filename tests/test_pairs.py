@@ -80,3 +80,43 @@ def test_unsupported_format_is_refused():
     wide = formats.Format("e6m1", "float", 8, 6, 1, "none", 32, None)
     assert not pairs.supported(wide)
     assert ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).bits == 8
+
+
+def test_scale_exponent_and_nan_flags_every_code():
+    """The ring's block scales (:func:`~mxgemm.codegen.decode.scale_exponent`): every E8M0 code at
+    every byte of a word (random codes in the other bytes) gives ml_dtypes' value bit-exactly, code
+    0 the subnormal 2**-127 and code 255 +inf; :func:`~mxgemm.codegen.decode.nan_scales` is nonzero
+    exactly for words holding a 255 (and for a lone code 255)."""
+    import tvm
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder import tirx as T
+
+    from mxgemm.codegen.decode import nan_scales, scale_exponent
+
+    rng = np.random.default_rng(5)
+    words = rng.integers(0, 255, (256, 4), dtype=np.uint8)  # no 255 but where placed
+    for b in range(4):
+        words[:, b] = np.arange(256)
+    w32 = np.ascontiguousarray(words).view(np.uint32)[:, 0]
+    with IRBuilder() as ib:
+        with T.prim_func():
+            T.func_name("main")
+            w = T.match_buffer(T.arg("W", T.handle()), (256,), "uint32")
+            o = T.match_buffer(T.arg("O", T.handle()), (256, 5), "float32")
+            f = T.match_buffer(T.arg("F", T.handle()), (256, 2), "uint32")
+            with T.serial(0, 256) as c:
+                for b in range(4):
+                    T.buffer_store(o, scale_exponent(w[c], b), [c, b])
+                T.buffer_store(o, scale_exponent(tvm.tirx.Cast("uint32", c), None), [c, 4])
+                T.buffer_store(f, nan_scales(w[c]), [c, 0])
+                T.buffer_store(f, nan_scales(tvm.tirx.Cast("uint32", c)), [c, 1])
+    fn = tvm.compile(tvm.IRModule({"main": ib.get()}), target="llvm")["main"]
+    out, flags = np.zeros((256, 5), np.float32), np.zeros((256, 2), np.uint32)
+    fn(tvm.runtime.tensor(w32), (o_t := tvm.runtime.tensor(out)), (f_t := tvm.runtime.tensor(flags)))
+    got, flags = o_t.numpy(), f_t.numpy()
+    want = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
+    want[255] = np.inf  # the NaN code: flagged, not encoded
+    for col in range(5):
+        assert np.array_equal(got[:, col].view(np.uint32), want.view(np.uint32)), col
+    assert np.array_equal(flags[:, 0] != 0, np.arange(256) == 255)  # the word holds a 255 only there
+    assert np.array_equal(flags[:, 1] != 0, np.arange(256) == 255)

@@ -10,7 +10,6 @@ import mxgemm
 from mxgemm import cli, tune, tunelog
 from mxgemm.codegen import build as builder
 from mxgemm.codegen import target as targets
-from mxgemm.layout import plane_widths
 from mxgemm.rules import gemv, mma, tensorcore
 
 
@@ -67,10 +66,10 @@ def test_candidates_deterministic_and_valid(arch, fmt, m_bucket, dtype, rule):
     task = tune.Task(fmt, 11008 if rule is gemv else 14336, 4096, m_bucket, dtype, arch)
     cands = tune.candidates(task, 8)
     assert cands == tune.candidates(task, 8) and len(cands) == 8
-    bits0 = plane_widths(mxgemm.formats.get(fmt).bits)[0]
-    default = rule.default_hints(targets.cuda(arch), task.n, task.k, bits0, m_bucket)
+    f = mxgemm.formats.get(fmt)
+    default = rule.default_hints(targets.cuda(arch), task.n, task.k, f, m_bucket, f.block_size)
     assert cands[0] == default.to_dict() and len({json.dumps(c) for c in cands}) == 8
-    assert all(rule.fits(rule.Hints(**c), task.n, task.k, bits0) for c in cands)
+    assert all(rule.fits(rule.Hints(**c), task.n, task.k, f) for c in cands)
 
 
 @pytest.mark.nvcc
@@ -94,9 +93,9 @@ def test_every_mma_candidate_builds():
 @pytest.mark.nvcc
 def test_tensorcore_candidates_build():
     """The tensor-core rule's cheapest candidates compile when a tune log's hints pin the rule."""
-    tgt, bits0 = targets.cuda("sm_90"), plane_widths(mxgemm.formats.get("mxfp6_e2m3").bits)[0]
-    fits = [h for h in tensorcore.candidates(256, 64) if tensorcore.fits(h, 256, 2048, bits0)]
-    for h in sorted(fits, key=lambda h: tensorcore.cost(h, tgt, 256, 2048, bits0, 64))[:6]:
+    tgt, f = targets.cuda("sm_90"), mxgemm.formats.get("mxfp6_e2m3")
+    fits = [h for h in tensorcore.candidates(256, 64, f) if tensorcore.fits(h, 256, 2048, f)]
+    for h in sorted(fits, key=lambda h: tensorcore.cost(h, tgt, 256, 2048, f, 64))[:6]:
         k = mxgemm.build("mxfp6_e2m3", n=256, k=2048, m_bucket=64, target="sm_90", hints=h.to_dict())
         assert k.rule == "tensorcore" and k.info["hints"] == h.to_dict() and "mma_sync" in k.source
 

@@ -79,6 +79,25 @@ def scale_expr(scale_code: PrimExpr) -> PrimExpr:
     return tirx.reinterpret("float32", (c << u32(23)) | special)
 
 
+def scale_exponent(word: PrimExpr, byte: int | None) -> PrimExpr:
+    """float32 ``2**(c-127)`` for the E8M0 code ``c`` in byte ``byte`` of a uint32 ``word`` (None:
+    ``word`` is the code), in 2–3 integer ops for hot loops: the code shifted into the exponent
+    field, and code 0 raised to 2**-127 (the subnormal 0x00400000, below every other code's bits) by
+    one unsigned max. Code 255 gives +inf, not NaN: flag it with :func:`nan_scales`."""
+    if byte is None:
+        bits = word << u32(23)
+    else:
+        shifted = word >> u32(1) if byte == 3 else word << u32(23 - 8 * byte)
+        bits = shifted & u32(0x7F800000)
+    return tirx.reinterpret("float32", tirx.Max(bits, u32(0x00400000)))
+
+
+def nan_scales(word: PrimExpr) -> PrimExpr:
+    """Nonzero iff a byte of the uint32 ``word`` (E8M0 codes, or one code) is 255, the NaN code: the
+    zero-byte test ``(v - 0x01010101) & ~v & 0x80808080`` of ``v = ~word`` (2 ops)."""
+    return (u32(0xFEFEFEFE) - word) & word & u32(0x80808080)
+
+
 def weight_expr(
     fmt: Format,
     planes: list[te.Tensor],

@@ -25,11 +25,10 @@ def rule_for(
     from mxgemm.rules import gemv, mma, tensorcore
 
     f = formats.get(fmt)
-    bits0 = plane_widths(f.bits)[0]
     if (
-        not (bits0 == 8 and m_bucket == 1)
+        not (plane_widths(f.bits)[0] == 8 and m_bucket == 1)
         and mma.applies(f, block_size, a_dtype, m_bucket)
-        and mma.default_hints(target, n, k, f.bits, m_bucket, block_size)
+        and mma.default_hints(target, n, k, f, m_bucket, block_size)
     ):
         return mma
     if m_bucket in tensorcore.M_TILES and a_dtype == "float16":
@@ -59,6 +58,7 @@ def schedule(
         first = rule_for(spec.fmt, spec.n, spec.k, m_bucket, spec.a_dtype, spec.block_size, target)
         if hints and not hinted:
             log.warning("ignoring tuned hints %s: no rule takes them", hints)
+        fmt = formats.get(spec.fmt)
         for rule in dict.fromkeys(r for r in (*hinted, first, tensorcore, gemv) if r is not None):
             tuned = _tuned(rule.Hints, hints, quiet=True)
             if rule is mma and (got := mma.apply(spec, tuned)) is not None:
@@ -66,12 +66,12 @@ def schedule(
             if rule is tensorcore and m_bucket in tensorcore.M_TILES and spec.a_dtype == "float16":
                 func = make(None)  # decode in a_dtype: the tensor cores take fp16
                 for h in [*tuned, None]:  # tuned, else the defaults
-                    if (got := tensorcore.apply(func, target, m_bucket, h)) is not None:
+                    if (got := tensorcore.apply(func, target, fmt, m_bucket, h)) is not None:
                         return "tensorcore", got[0].mod, got[1].to_dict()
             if rule is gemv and m_bucket in gemv.M_TILES:
                 func = make("float32")
                 for h in [*tuned, None]:
-                    if (got := gemv.apply(func, target, m_bucket, h)) is not None:
+                    if (got := gemv.apply(func, target, fmt, m_bucket, h)) is not None:
                         return "gemv", got[0].mod, got[1].to_dict()
         name, mod = dlight.apply(make(None), target, m_bucket)
         return name, mod, {}

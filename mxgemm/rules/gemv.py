@@ -17,7 +17,9 @@ from typing import Any
 
 from tvm import s_tir, tirx
 
+from mxgemm import formats
 from mxgemm.codegen import target as targets
+from mxgemm.layout import plane_widths
 
 TX = 32  # threads along K (one warp)
 M_TILES = (1, 4, 16)  # M buckets this rule serves
@@ -47,33 +49,37 @@ class Hints:
         return asdict(self)
 
 
-def default_hints(target: dict[str, Any], n: int, k: int, plane_bits: int, m_tile: int) -> Hints:
+def default_hints(
+    target: dict[str, Any], n: int, k: int, fmt: formats.Format, m_tile: int, block_size: int = 32
+) -> Hints:
     """Hints from the hardware and the shape: the widest load (16 bytes) that tiles K (32 threads ×
-    the load's codes of the widest plane, ``plane_bits`` wide); 8-wide A loads; A read straight from
+    the load's codes of ``fmt``'s widest plane); 8-wide A loads; A read straight from
     global memory (L1 hits; measured faster than staging it in shared memory at every M tile); 4
     warps per block at M=1 and 2 above (more rows of A per warp need fewer warps to share an SM),
     fewer when N is too small to give every SM 4 blocks."""
+    del block_size
+    plane_bits = plane_widths(fmt.bits)[0]
     sms = targets.sm_count(target["arch"])
     load = next((b for b in (16, 8, 4) if k % (TX * b * 8 // plane_bits) == 0), 16)
     rows = next((r for r in (4, 2) if r <= (4 if m_tile == 1 else 2) and n % r == 0 and n // r >= 4 * sms), 1)
     return Hints(rows=rows, load_bytes=load, a_vec=8 if load * 8 // plane_bits % 8 == 0 else 4)
 
 
-def candidates(n: int, m_tile: int) -> list[Hints]:
+def candidates(n: int, m_tile: int, fmt: formats.Format, block_size: int = 32) -> list[Hints]:
     """The hint space the tuner searches (deterministic order; only combinations that tile N; the
-    same for every M tile)."""
-    del m_tile
+    same for every M tile and format)."""
+    del m_tile, fmt, block_size
     space = itertools.product((1, 2, 4, 8), (4, 8, 16), (4, 8), (False, True))
     return [Hints(*h) for h in space if n % h[0] == 0]
 
 
-def fits(h: Hints, n: int, k: int, plane_bits: int) -> bool:
-    """Whether ``h`` tiles an ``[n, k]`` weight whose widest code plane is ``plane_bits`` wide."""
-    vec = h.load_bytes * 8 // plane_bits
+def fits(h: Hints, n: int, k: int, fmt: formats.Format) -> bool:
+    """Whether ``h`` tiles an ``[n, k]`` weight of ``fmt`` (32 threads × one load of its widest plane)."""
+    vec = h.load_bytes * 8 // plane_widths(fmt.bits)[0]
     return vec > 0 and k % (TX * vec) == 0 and n % h.rows == 0 and vec % h.a_vec == 0
 
 
-def cost(h: Hints, target: dict[str, Any], n: int, k: int, plane_bits: int, m_tile: int = 1) -> float:
+def cost(h: Hints, target: dict[str, Any], n: int, k: int, fmt: formats.Format, m_tile: int = 1) -> float:
     """Relative cost (lower is better) for ranking candidates before measuring: the weight stream
     needs ≈ 24 KB of loads in flight per SM (Little's law at HBM3 latency); narrower loads and A
     vectors cost a few percent of issue slots each; staging A in shared memory costs barriers."""
@@ -86,11 +92,11 @@ def cost(h: Hints, target: dict[str, Any], n: int, k: int, plane_bits: int, m_ti
 
 
 def apply(
-    func: tirx.PrimFunc, target: dict[str, Any], m_tile: int, hints: Hints | None = None
+    func: tirx.PrimFunc, target: dict[str, Any], fmt: formats.Format, m_tile: int, hints: Hints | None = None
 ) -> tuple[s_tir.Schedule, Hints] | None:
-    """(schedule, hints used) for ``func`` (the decode-fused prim_func, decode in float32; static M=1
-    when ``m_tile`` is 1, dynamic M otherwise) serving M up to ``m_tile``; None when the shape does not
-    fit the tiling (K a multiple of 32 × vec, N a multiple of ``hints.rows``)."""
+    """(schedule, hints used) for ``func`` (the decode-fused prim_func of ``fmt``, decode in float32;
+    static M=1 when ``m_tile`` is 1, dynamic M otherwise) serving M up to ``m_tile``; None when the
+    shape does not fit the tiling (K a multiple of 32 × vec, N a multiple of ``hints.rows``)."""
     sch = s_tir.Schedule(func)
     try:
         dec, mm, epi = (sch.get_sblock(n) for n in ("decode", "matmul", "epilogue"))
@@ -99,11 +105,10 @@ def apply(
     planes = [r.source for r in sch.get(dec).reads][:-1]  # the code planes, then S
     i, j, k = sch.get_loops(mm)
     n_ext, k_ext = int(sch.get(j).extent), int(sch.get(k).extent)
-    bits0 = int(planes[0].shape[1]) * 8 // k_ext  # width of the widest plane
-    h = hints or default_hints(target, n_ext, k_ext, bits0, m_tile)
-    if not fits(h, n_ext, k_ext, bits0):
+    h = hints or default_hints(target, n_ext, k_ext, fmt, m_tile)
+    if not fits(h, n_ext, k_ext, fmt):
         return None
-    vec = h.load_bytes * 8 // bits0
+    vec = h.load_bytes * 8 // plane_widths(fmt.bits)[0]
     if m_tile > 1:
         sch.pad_einsum(mm, [m_tile, 1, 1])  # A_pad / matmul_pad: the M tile is whole
         sch.compute_inline(sch.get_sblock("matmul_pad"))

@@ -20,15 +20,17 @@ Loads, by ``Hints.stages``:
 
 - 0, a register pipeline: the next iteration's codes, scales and (up to 16 rows) activations are
   loaded into registers while this one computes. Bytes in flight cost registers, which cap occupancy.
-- 2..4, a ``cp.async`` ring per warp in shared memory: ``stages - 1`` iterations of codes, scales
-  and (up to 16 rows) activations in flight, 16-byte copies of whole row runs (XOR-swizzled so the
-  lanes' reads hit distinct banks), read back with ``ld.shared`` after ``cp.async.wait_group`` and
-  a warp barrier. Each warp owns its ring, so no block barrier is needed; the copies and reads go
-  through ``T.ptx`` with explicit addresses, which TVM's shared-memory sync pass leaves alone.
+- 2..4, a ``cp.async`` ring in shared memory per group of ``kn`` warps that share a K range:
+  ``stages - 1`` iterations of codes, scales (each warp's own) and activations (up to 16 rows, one
+  copy for the group, each warp issuing a share) in flight, 16-byte copies of whole row runs
+  (XOR-swizzled so the lanes' reads hit distinct banks), read back with ``ld.shared`` after
+  ``cp.async.wait_group`` and a barrier of the group (a warp barrier for one warp, else a named
+  ``bar.sync``). The copies and reads go through ``T.ptx`` with explicit addresses, which TVM's
+  shared-memory sync pass leaves alone.
 
-Grid: ``N / (16 nt)`` blocks of ``kw`` warps; a warp owns ``nt`` 16-row weight tiles × the M tile
-(n8 tiles: the bucket, padded; rows ≥ M read zeros and are not stored) over ``1/kw`` of K; the
-warps of a block add up through shared memory.
+Grid: ``N / (16 nt kn)`` blocks of ``kw × kn`` warps; a warp owns ``nt`` 16-row weight tiles × the
+M tile (n8 tiles: the bucket, padded; rows ≥ M read zeros and are not stored) over ``1/kw`` of K;
+the ``kw`` warps of a column add up through shared memory.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from tvm import tirx
 from mxgemm import formats
 from mxgemm.codegen import pairs
 from mxgemm.codegen import target as targets
-from mxgemm.codegen.decode import scale_expr, u32
+from mxgemm.codegen.decode import nan_scales, scale_exponent, scale_expr, u32
 from mxgemm.layout import plane_widths
 
 M_TILES = (1, 4, 16, 64)  # M buckets this rule serves
@@ -56,16 +58,19 @@ class Hints:
     """Tunable knobs. nt: 16-row weight tiles per warp (1, 2, 4, 8); kw: warps per block, splitting K
     (1, 2, 4, 8); unroll: K steps per loop iteration, their loads issued together (1, 2, 4; 4 or 8
     with a ring); stages: 0 for the register pipeline, else the depth of the ``cp.async`` ring (2..4
-    iterations, block-32 scales only)."""
+    iterations, block-32 scales only); kn: warps per block side by side in N that share one copy of
+    the activations (1, 2, 4; more than 1 with a ring only)."""
 
     nt: int = 4
     kw: int = 4
     unroll: int = 2
     stages: int = 0
+    kn: int = 1
 
     def __post_init__(self) -> None:
         ok = self.nt in (1, 2, 4, 8) and self.kw in (1, 2, 4, 8) and self.stages in (0, 2, 3, 4)
         ok = ok and self.unroll in ((4, 8) if self.stages else (1, 2, 4))
+        ok = ok and self.kn in ((1, 2, 4) if self.stages else (1,)) and self.kw * self.kn <= 16
         if not ok:
             raise ValueError(f"mma hints out of range: {self}")
 
@@ -79,20 +84,20 @@ def applies(fmt: formats.Format, block_size: int, a_dtype: str, m_bucket: int | 
     return a_dtype == "float16" and m_bucket in M_TILES and block_size >= STEP and pairs.supported(fmt)
 
 
-def fits(h: Hints, n: int, k: int, plane_bits: int = 0) -> bool:
-    """Whether ``h`` tiles an ``[n, k]`` weight (any code width: a step is 32 k of every plane)."""
-    del plane_bits
-    return n % (16 * h.nt) == 0 and k % STEP == 0 and (k // STEP) % (h.kw * h.unroll) == 0
+def fits(h: Hints, n: int, k: int, fmt: formats.Format) -> bool:
+    """Whether ``h`` tiles an ``[n, k]`` weight (of any format: a step is 32 k of every plane)."""
+    del fmt
+    return n % (16 * h.nt * h.kn) == 0 and k % STEP == 0 and (k // STEP) % (h.kw * h.unroll) == 0
 
 
-def shape_fits(n: int, k: int) -> bool:
-    """Whether some hints tile an ``[n, k]`` weight."""
-    return any(fits(h, n, k) for h in candidates(n, 1))
+def shape_fits(n: int, k: int, fmt: formats.Format) -> bool:
+    """Whether some hints tile an ``[n, k]`` weight of ``fmt``."""
+    return any(fits(h, n, k, fmt) for h in candidates(n, 1, fmt))
 
 
 def _ring_layout(h: Hints, bits: int, m_tile: int) -> tuple[int, int, int]:
-    """(code bytes, scale bytes, activation bytes) of one ring slot of one warp: 16 rows × ``unroll``
-    steps of every plane and of the scales per tile; the activations of up to 16 rows."""
+    """(code bytes, scale bytes, activation bytes) of one ring slot: a warp's 16 rows × ``unroll``
+    steps of every plane and of the scales per tile; the group's activations of up to 16 rows."""
     codes = h.nt * 16 * h.unroll * 4 * bits
     scales = h.nt * 16 * h.unroll
     x_n = -(-m_tile // 8)
@@ -102,17 +107,23 @@ def _ring_layout(h: Hints, bits: int, m_tile: int) -> tuple[int, int, int]:
 
 def _red_bytes(h: Hints, m_tile: int) -> int:
     """The cross-warp sum: every warp but the first parks its fp32 accumulators."""
-    return (h.kw - 1) * h.nt * -(-m_tile // 8) * 4 * 32 * 4
+    return (h.kw - 1) * h.kn * h.nt * -(-m_tile // 8) * 4 * 32 * 4
+
+
+def _slot_bytes(h: Hints, bits: int, m_tile: int) -> int:
+    """One ring slot of a group of ``kn`` warps: each warp's codes and scales, one activation copy."""
+    codes, scales, acts = _ring_layout(h, bits, m_tile)
+    return h.kn * (codes + scales) + acts
 
 
 def smem_bytes(h: Hints, m_tile: int, bits: int = 8) -> tuple[int, int]:
     """(static, dynamic) shared memory of a block. The register pipeline: the cross-warp sum,
-    static. A ring: ``stages`` slots per warp of
-    ``bits``-wide codes, dynamic; the sum reuses it after the loop."""
+    static. A ring: ``stages`` slots per group for ``bits``-wide codes, dynamic; the sum reuses it
+    after the loop."""
     red = _red_bytes(h, m_tile)
     if not h.stages:
         return red, 0
-    return 0, max(red, h.kw * h.stages * sum(_ring_layout(h, bits, m_tile)))
+    return 0, max(red, h.kw * h.stages * _slot_bytes(h, bits, m_tile))
 
 
 def smem_fits(h: Hints, m_tile: int, bits: int = 8) -> bool:
@@ -121,24 +132,27 @@ def smem_fits(h: Hints, m_tile: int, bits: int = 8) -> bool:
     return static <= SMEM and dynamic <= RING_SMEM
 
 
-def candidates(n: int, m_tile: int, bits: int = 8, block_size: int = STEP) -> list[Hints]:
-    """The hint space the tuner searches (deterministic order; only combinations that tile N, fit
-    the shared memory (:func:`smem_fits`) for ``bits``-wide codes and keep the accumulators ≤ 64
-    registers; rings need one scale per step)."""
-    regs = itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4), (0,))
-    rings = itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (4, 8), (2, 3, 4) if block_size == STEP else ())
-    # past 16 rows the activations are loaded each iteration, not ringed: 8 steps would spill
-    return [
-        h
-        for h in (Hints(*p) for p in itertools.chain(regs, rings))
-        if n % (16 * h.nt) == 0
-        and smem_fits(h, m_tile, bits)
+def valid(h: Hints, n: int, m_tile: int, fmt: formats.Format, block_size: int) -> bool:
+    """Whether ``h`` tiles N, fits the shared memory (:func:`smem_fits`) for ``fmt``'s codes,
+    keeps the accumulators ≤ 64 registers and, with a ring, has one scale per step (and past 16
+    rows, where the activations are loaded each iteration, not ringed, 4 steps: 8 would spill)."""
+    return (
+        n % (16 * h.nt * h.kn) == 0
+        and smem_fits(h, m_tile, fmt.bits)
         and h.nt * -(-m_tile // 8) <= 16
-        and not (h.stages and m_tile > 16 and h.unroll > 4)
-    ]
+        and not (h.stages and (block_size != STEP or (m_tile > 16 and (h.unroll > 4 or h.kn > 1))))
+    )
 
 
-def cost(h: Hints, target: dict[str, Any], n: int, k: int, bits: int, m_tile: int) -> float:
+def candidates(n: int, m_tile: int, fmt: formats.Format, block_size: int = STEP) -> list[Hints]:
+    """The hint space the tuner searches: every :func:`valid` combination (deterministic order)."""
+    regs = itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4), (0,), (1,))
+    rings = itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (4, 8), (2, 3, 4), (1, 2, 4))
+    hints = (Hints(*p) for p in itertools.chain(regs, rings) if p[1] * p[4] <= 16)
+    return [h for h in hints if valid(h, n, m_tile, fmt, block_size)]
+
+
+def cost(h: Hints, target: dict[str, Any], n: int, k: int, fmt: formats.Format, m_tile: int) -> float:
     """Relative cost (lower is better) for ranking candidates: ≈ 24 KB of weight loads in flight per
     SM (Little's law at HBM3 latency), the cross-warp reduction, registers (accumulators grow with
     nt × the M tile, the register pipeline with unroll), and what the H100 exploration measured
@@ -146,18 +160,18 @@ def cost(h: Hints, target: dict[str, Any], n: int, k: int, bits: int, m_tile: in
     stages are enough once a slot holds 8 steps."""
     del k
     sms = targets.sm_count(target["arch"])
-    blocks = n // (16 * h.nt)
-    warps = min(blocks * h.kw, sms * 32)
-    inflight = warps * 32 * 2 * bits * h.unroll * h.nt * max(1, h.stages - 1)
+    blocks = n // (16 * h.nt * h.kn)
+    warps = min(blocks * h.kw * h.kn, sms * 32)
+    inflight = warps * 32 * 2 * fmt.bits * h.unroll * h.nt * max(1, h.stages - 1)
     starved = max(1.0, sms * 24 * 1024 / inflight)
-    waves = -(-blocks // (sms * max(1, 16 // h.kw)))
+    waves = -(-blocks // (sms * max(1, 16 // (h.kw * h.kn))))
     regs = 1.0 + 0.1 * max(0, h.nt * -(-m_tile // 8) - 8)
     measured = 1.0 + 0.05 * (h.stages - 2) + 0.08 * (h.unroll == 4) if h.stages else 1.15 + 0.05 * h.unroll
     return starved * regs * measured * (1 + 0.02 * h.kw) * (1 + 0.05 * (waves > 1))
 
 
 def default_hints(
-    target: dict[str, Any], n: int, k: int, bits: int, m_tile: int, block_size: int = STEP
+    target: dict[str, Any], n: int, k: int, fmt: formats.Format, m_tile: int, block_size: int = STEP
 ) -> Hints | None:
     """What measured fastest on an H100 (``benchmarks/README.md``): a two-stage ring of 8 steps, one
     weight tile a warp and 8 warps a block up to 4 rows (4 warps when N gives more than 4 blocks an
@@ -173,12 +187,12 @@ def default_hints(
     elif m_tile <= 16:
         prefs = [(2, 4, 8, 2), (1, 4, 8, 2), (2, 4, 4, 2), (1, 2, 8, 2), (1, 4, 4, 2), *regs]
     elif n // 16 < sms:  # too few 16-row tiles to give every SM one: one tile a warp, more warps
-        prefs = [(1, 8, 4, 0), (1, 4, 4, 0), (1, 2, 4, 0), (1, 4, 2, 0), (1, 2, 2, 0), (1, 1, 2, 0)]
+        prefs = [(1, 8, 4, 0), *regs]
     else:
         prefs = [(2, 4, 2, 0), (1, 4, 2, 0), (1, 2, 2, 0), (1, 1, 2, 0), (1, 4, 1, 0)]
-    cands = [h for h in candidates(n, m_tile, bits, block_size) if fits(h, n, k)]
+    cands = [h for h in candidates(n, m_tile, fmt, block_size) if fits(h, n, k, fmt)]
     first = next((Hints(*p) for p in prefs if Hints(*p) in cands), None)
-    return first or (min(cands, key=lambda h: cost(h, target, n, k, bits, m_tile)) if cands else None)
+    return first or (min(cands, key=lambda h: cost(h, target, n, k, fmt, m_tile)) if cands else None)
 
 
 def apply(spec: Any, tuned: list[Hints]) -> tuple[tirx.PrimFunc, Hints] | None:
@@ -188,14 +202,9 @@ def apply(spec: Any, tuned: list[Hints]) -> tuple[tirx.PrimFunc, Hints] | None:
     fmt = formats.get(spec.fmt)
     if not applies(fmt, spec.block_size, spec.a_dtype, spec.m_bucket):
         return None
-    ok = [
-        t
-        for t in tuned
-        if fits(t, spec.n, spec.k)
-        and smem_fits(t, spec.m_bucket, fmt.bits)
-        and (not t.stages or spec.block_size == STEP)
-    ]
-    h = ok[0] if ok else default_hints(spec.target, spec.n, spec.k, fmt.bits, spec.m_bucket, spec.block_size)
+    n, k, m_tile = spec.n, spec.k, spec.m_bucket
+    ok = [t for t in tuned if fits(t, n, k, fmt) and valid(t, n, m_tile, fmt, spec.block_size)]
+    h = ok[0] if ok else default_hints(spec.target, spec.n, spec.k, fmt, spec.m_bucket, spec.block_size)
     if h is None:
         return None
     args = dict(n=spec.n, k=spec.k, m_tile=spec.m_bucket, out_dtype=spec.out_dtype, bias=spec.bias)
@@ -268,11 +277,17 @@ class _Kernel:
         self.Bias = T.match_buffer(bias_h, (n,), self.out_dtype) if self.bias else None
         self.Y = T.match_buffer(y_h, (m, n), self.out_dtype)
 
-        bx, ty, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.y"), T.env_thread("threadIdx.x")
-        with T.launch_thread(bx, n // (16 * h.nt)), T.launch_thread(ty, h.kw), T.launch_thread(tx, 32):
-            self.ty, self.tx = ty, tx
+        bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+        ty, tz = T.env_thread("threadIdx.y"), T.env_thread("threadIdx.z")
+        with (
+            T.launch_thread(bx, n // (16 * h.nt * h.kn)),
+            T.launch_thread(tz, h.kn),
+            T.launch_thread(ty, h.kw),
+            T.launch_thread(tx, 32),
+        ):
+            self.ty, self.tz, self.tx = ty, tz, tx
             self.quad, self.j = tx // 4, tx % 4
-            self.n0 = bx * (16 * h.nt)
+            self.n0 = bx * (16 * h.nt * h.kn) + tz * (16 * h.nt)
             self.x32 = T.decl_buffer((m * k // 2,), "uint32", data=self.A.data)
             shape = (h.nt, self.xt_n, 4)
             self.acc = T.alloc_buffer(shape, "float32", scope="local")
@@ -295,10 +310,19 @@ class _Kernel:
 
     # ---- compute: decode, mma, scale, accumulate one step ----------------------------------------
 
-    def step(self, word, scale_code) -> None:
+    def flag_nan(self, scale) -> None:
+        """Note NaN scale codes: ``scale(t, r)`` a uint32 of E8M0 codes of row ``r`` of tile ``t``.
+        One flag for all of a lane's rows (a register each would cost the 64-row kernels speed);
+        the epilogue finds the rows."""
+        seen = tirx.BufferLoad(self.nan, [0])
+        for t, r in itertools.product(range(self.h.nt), range(2)):
+            seen = seen | nan_scales(scale(t, r))
+        self.T.buffer_store(self.nan, seen, [0])
+
+    def step(self, word, scale) -> None:
         """One K step from registers: ``word(t, r, p, i)`` uint32 word ``i`` of plane ``p`` of this
-        lane's row ``r`` (0: ``quad``, 1: ``quad + 8``) of tile ``t``; ``scale_code(t, r)`` its E8M0
-        code; the activations already in :attr:`bfr`."""
+        lane's row ``r`` (0: ``quad``, 1: ``quad + 8``) of tile ``t``; ``scale(t, r)`` its float32
+        block scale; the activations already in :attr:`bfr`."""
         T, h, xt_n = self.T, self.h, self.xt_n
         for t, g, q in itertools.product(range(h.nt), range(2), range(4)):
             # a0..a3: rows quad / quad+8 × codes (4g, 4g+1) / (4g+2, 4g+3)
@@ -316,7 +340,7 @@ class _Kernel:
                     )
                 )  # fmt: skip
         for t, r in itertools.product(range(h.nt), range(2)):
-            sc = scale_expr(scale_code(t, r))
+            sc = scale(t, r)
             for a, e in itertools.product(range(xt_n), (2 * r, 2 * r + 1)):
                 prod = tirx.BufferLoad(self.acc, [t, a, e]) + tirx.BufferLoad(self.tmp, [t, a, e]) * sc
                 T.buffer_store(self.acc, prod, [t, a, e])
@@ -362,12 +386,12 @@ class _Kernel:
             for ur in range(h.unroll):
                 self.set_x(xbuf, ur)
 
-                def code(t, r, ur=ur):
+                def scale(t, r, ur=ur):  # exact in every case: 64 rows, mma-bound, measured faster
                     if self.s_word:
-                        return tirx.BufferLoad(sbuf, [0, t, r]) >> u32(8 * ur) & u32(255)
-                    return tirx.BufferLoad(sbuf, [ur, t, r])
+                        return scale_expr(tirx.BufferLoad(sbuf, [0, t, r]) >> u32(8 * ur) & u32(255))
+                    return scale_expr(tirx.BufferLoad(sbuf, [ur, t, r]))
 
-                self.step(lambda t, r, p, i, ur=ur: tirx.BufferLoad(wbuf, [ur, t, r, p, i]), code)
+                self.step(lambda t, r, p, i, ur=ur: tirx.BufferLoad(wbuf, [ur, t, r, p, i]), scale)
 
         def copy(dst, src):
             for idx in itertools.product(*(range(int(d)) for d in src.shape)):
@@ -419,9 +443,11 @@ class _Kernel:
         its copies (``wait_group``), a warp barrier makes every lane's copies visible to all, then
         the slot freed by ``it - 1`` is refilled with ``it + stages - 1`` and ``it`` computes."""
         T, h = self.T, self.h
-        codes, scales, acts = _ring_layout(h, self.fmt.bits, self.m_tile)
-        self.slot16 = (codes + scales + acts) // 16  # every part is a multiple of 16 bytes
-        self.s_off, self.x_off = codes, codes + scales
+        codes, scales, _ = _ring_layout(h, self.fmt.bits, self.m_tile)
+        self.slot16 = _slot_bytes(h, self.fmt.bits, self.m_tile) // 16  # every part: a multiple of 16 bytes
+        # a group's slot: each warp's codes, then its scales; then the activations
+        self.w_unit = self.tz * ((codes + scales) // 16)  # this warp's part, in 16-byte units
+        self.s_off, self.x_off = codes, h.kn * (codes + scales)
         # the cross-warp sum reuses the ring after the loop (one dynamic allocation, so a block over
         # 48 KB always gets the opt-in: static + dynamic bytes must not pass 48 KB without it)
         red16 = -(-_red_bytes(h, self.m_tile) // 16)
@@ -435,6 +461,7 @@ class _Kernel:
         sreg = T.alloc_buffer((h.nt, 2, h.unroll // 4), "uint32", scope="local")
         xreg = self._zeroed((nb, self.xt_n, 4)) if self.pipe_x else None
         xcur = None if self.pipe_x else self._zeroed((h.unroll, self.xt_n, 4))
+        self.nan = self._zeroed((1,))  # nonzero once one of this lane's rows had a NaN scale (255)
         commit = T.ptx["cp.async.commit_group"]
         for s in range(h.stages - 1):
             if s < self.iters:
@@ -442,7 +469,10 @@ class _Kernel:
             T.evaluate(commit())
         with T.serial(0, self.iters) as it:
             T.evaluate(T.ptx["cp.async.wait_group"](h.stages - 2))
-            T.evaluate(T.ptx.bar.warp.sync(u32(0xFFFFFFFF)))
+            if h.kn == 1:
+                T.evaluate(T.ptx.bar.warp.sync(u32(0xFFFFFFFF)))
+            else:  # the group's warps: named barrier 1 + ty (0 is __syncthreads)
+                T.evaluate(T.ptx.bar.sync(tirx.Cast("uint32", self.ty + 1), u32(32 * h.kn)))
             nxt = it + h.stages - 1
             with T.If(nxt < self.iters):
                 with T.Then():
@@ -452,21 +482,28 @@ class _Kernel:
                 self.load_x(it, xcur)
             slot = it % h.stages
             self.read_steps(slot, range(h.unroll) if ahead else [0], wreg, xreg, sreg)
+            for q in range(h.unroll // 4):
+                self.flag_nan(lambda t, r, q=q: tirx.BufferLoad(sreg, [t, r, q]))
             for ur in range(h.unroll):
                 if not ahead and ur + 1 < h.unroll:
                     self.read_steps(slot, [ur + 1], wreg, xreg)
-                self.set_x(xreg, ur % nb) if self.pipe_x else self.set_x(xcur, ur)
+                if self.pipe_x:
+                    self.set_x(xreg, ur % nb)
+                else:
+                    self.set_x(xcur, ur)
 
-                def code(t, r, ur=ur):
-                    return tirx.BufferLoad(sreg, [t, r, ur // 4]) >> u32(8 * (ur % 4)) & u32(255)
+                def scale(t, r, ur=ur):  # code 255: +inf, made NaN by the flag
+                    return scale_exponent(tirx.BufferLoad(sreg, [t, r, ur // 4]), ur % 4)
 
-                self.step(lambda t, r, p, i, b=ur % nb: tirx.BufferLoad(wreg, [b, t, r, p, i]), code)
+                self.step(lambda t, r, p, i, b=ur % nb: tirx.BufferLoad(wreg, [b, t, r, p, i]), scale)
 
-    def _smem(self, slot, byte):
-        """The shared-state address of byte ``byte`` of ring slot ``slot`` of this warp (indexing
-        16-byte elements, so the buffer's extent covers every 16-byte copy)."""
+    def _smem(self, slot, byte, own=True):
+        """The shared-state address of byte ``byte`` of this warp's part (``own``; else of the
+        group's activations, ``byte`` from the slot's start) of ring slot ``slot`` (indexing 16-byte
+        elements, so the buffer's extent covers every 16-byte copy)."""
         T = self.T
         unit = (self.ty * self.h.stages + slot) * self.slot16 + byte // 16
+        unit = unit + self.w_unit if own else unit
         addr = T.cuda.cvta_generic_to_shared(T.address_of(self.ring[unit]))
         rem = byte % 16
         return addr if isinstance(rem, int) and rem == 0 else addr + tirx.Cast("uint32", rem)
@@ -509,15 +546,19 @@ class _Kernel:
                 with T.Then():
                     src = self.S.ptr_to([self.n0 + 16 * t + tx, step0])
                     T.evaluate(cp_s(self._smem(slot, self.s_off + (t * 16 + tx) * h.unroll), src, h.unroll))
-        if self.pipe_x:
+        if self.pipe_x:  # chunk c: step ur, n8 tile a, row quad, k 8j.. of the group's activations
             qn = min(8, self.m_tile)
-            for ur, a in itertools.product(range(h.unroll), range(self.xt_n)):
-                xrow = a * 8 + self.quad
-                with T.If(tirx.Cast("int64", xrow) < self.m64):
+            total, lanes = h.unroll * self.xt_n * qn * 4, 32 * h.kn
+            for i in range(-(-total // lanes)):
+                c = self.tz * 32 + tx + lanes * i
+                ur, a, quad, j = c // (4 * qn * self.xt_n), c // (4 * qn) % self.xt_n, c // 4 % qn, c % 4
+                cond = tirx.Cast("int64", a * 8 + quad) < self.m64
+                if total < lanes * (i + 1):
+                    cond = tirx.And(c < total, cond)
+                with T.If(cond):
                     with T.Then():
-                        src = self.A.ptr_to([xrow, (step0 + ur) * STEP + self.j * 8])
-                        idx = ((ur * self.xt_n + a) * qn + self.quad) * 4 + self.j
-                        T.evaluate(cp16(self._smem(slot, self.x_off + idx * 16), src, 16))
+                        src = self.A.ptr_to([a * 8 + quad, (step0 + ur) * STEP + j * 8])
+                        T.evaluate(cp16(self._smem(slot, self.x_off + c * 16, own=False), src, 16))
 
     def read_steps(self, slot, urs, wreg, xreg, sreg=None) -> None:
         """This lane's codes of steps ``urs`` of a ring slot into ``wreg[ur % len(wreg)]``, then (if
@@ -552,16 +593,35 @@ class _Kernel:
                 with T.If(tirx.Cast("int64", a * 8 + self.quad) < self.m64):
                     with T.Then():
                         idx = ((ur * self.xt_n + a) * qn + self.quad) * 4 + self.j
-                        addr = self._smem(slot, self.x_off + idx * 16)
+                        addr = self._smem(slot, self.x_off + idx * 16, own=False)
                         T.evaluate(ld.v4.b32(*[xreg[ur % nb, a, q] for q in range(4)], addr))
 
     # ---- cross-warp sum, then the epilogue (warp 0) ---------------------------------------------
 
+    def nan_rows(self) -> None:
+        """The ring's rare path: a scale of this lane's rows was NaN (code 255), which
+        :func:`~mxgemm.codegen.decode.scale_exponent` made +inf: rescan the rows' scales over this
+        warp's K and make their sums NaN."""
+        T, h = self.T, self.h
+        nan = tirx.const(float("nan"), "float32")
+        with T.serial(0, self.steps) as s:
+            block = (self.ty * self.steps + s) * STEP // self.block_size
+            for t, r in itertools.product(range(h.nt), range(2)):
+                row = self.n0 + 16 * t + self.quad + 8 * r
+                with T.If(tirx.BufferLoad(self.S, [row, block]) == tirx.const(255, "uint8")):
+                    with T.Then():
+                        for a, e in itertools.product(range(self.xt_n), (2 * r, 2 * r + 1)):
+                            T.buffer_store(self.acc, nan, [t, a, e])
+
     def epilogue(self) -> None:
         T, h, xt_n, tx, ty = self.T, self.h, self.xt_n, self.tx, self.ty
         tiles = list(itertools.product(range(h.nt), range(xt_n), range(4)))
+        if h.stages:
+            with T.If(tirx.BufferLoad(self.nan, [0]) != u32(0)):
+                with T.Then():
+                    self.nan_rows()
         if h.kw > 1:
-            shape = (h.kw - 1, h.nt, xt_n, 4, 32)
+            shape = (h.kw - 1, h.kn, h.nt, xt_n, 4, 32)
             if h.stages:  # in the ring, once every warp is done with it
                 T.evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
                 red = T.decl_buffer(shape, "float32", data=self.ring.data, scope="shared.dyn")
@@ -570,14 +630,15 @@ class _Kernel:
             with T.If(ty > 0):
                 with T.Then():
                     for t, a, e in tiles:
-                        T.buffer_store(red, tirx.BufferLoad(self.acc, [t, a, e]), [ty - 1, t, a, e, tx])
+                        val = tirx.BufferLoad(self.acc, [t, a, e])
+                        T.buffer_store(red, val, [ty - 1, self.tz, t, a, e, tx])
             T.evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
         with T.If(ty == 0):
             with T.Then():
                 for t, a, e in tiles:
                     total = tirx.BufferLoad(self.acc, [t, a, e])
                     for w_ in range(h.kw - 1):
-                        total = total + tirx.BufferLoad(red, [w_, t, a, e, tx])
+                        total = total + tirx.BufferLoad(red, [w_, self.tz, t, a, e, tx])
                     row = a * 8 + self.j * 2 + e % 2
                     col = self.n0 + 16 * t + self.quad + 8 * (e // 2)
                     val = total * tirx.const(pairs.out_factor(self.fmt), "float32")

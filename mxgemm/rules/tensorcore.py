@@ -17,7 +17,9 @@ from typing import Any
 
 from tvm import s_tir, tirx
 
+from mxgemm import formats
 from mxgemm.codegen import target as targets
+from mxgemm.layout import plane_widths
 
 M_TILES = (16, 64)  # M buckets this rule serves
 WARPS = 4
@@ -42,19 +44,19 @@ class Hints:
         return asdict(self)
 
 
-def _vec(kt: int, plane_bits: int) -> int:
+def _vec(kt: int, fmt: formats.Format) -> int:
     """Codes per thread per row chunk of the W tile: one 16-byte load of the widest plane, ≤ kt."""
-    return min(LOAD_BYTES * 8 // plane_bits, kt)
+    return min(LOAD_BYTES * 8 // plane_widths(fmt.bits)[0], kt)
 
 
-def shape_fits(n: int, k: int, plane_bits: int, m_tile: int) -> bool:
+def shape_fits(n: int, k: int, fmt: formats.Format, m_tile: int) -> bool:
     """Whether the default hints tile this weight (then `mxgemm.linear` routes M ≤ 64 here)."""
-    return default_hints({"arch": "sm_90"}, n, k, plane_bits, m_tile) is not None
+    return default_hints({"arch": "sm_90"}, n, k, fmt, m_tile) is not None
 
 
-def fits(h: Hints, n: int, k: int, plane_bits: int) -> bool:
-    """Whether ``h`` tiles an ``[n, k]`` weight (widest code plane ``plane_bits`` wide) exactly."""
-    vec = _vec(h.kt, plane_bits)
+def fits(h: Hints, n: int, k: int, fmt: formats.Format) -> bool:
+    """Whether ``h`` tiles an ``[n, k]`` weight of ``fmt`` exactly."""
+    vec = _vec(h.kt, fmt)
     return (
         n % h.nt == 0
         and k % (h.kt * h.splits) == 0
@@ -64,7 +66,9 @@ def fits(h: Hints, n: int, k: int, plane_bits: int) -> bool:
     )
 
 
-def default_hints(target: dict[str, Any], n: int, k: int, plane_bits: int, m_tile: int) -> Hints | None:
+def default_hints(
+    target: dict[str, Any], n: int, k: int, fmt: formats.Format, m_tile: int, block_size: int = 32
+) -> Hints | None:
     """Measured on an H100 (``benchmarks/README.md``): 32-row tiles with K steps of 32 at M ≤ 16,
     64 × 64 above; K split until the grid has ≥ 3 blocks per SM; None when nothing fits."""
     sms = targets.sm_count(target["arch"])
@@ -75,12 +79,12 @@ def default_hints(target: dict[str, Any], n: int, k: int, plane_bits: int, m_til
     while splits > 1 and k % (kt * splits):
         splits //= 2
     h = Hints(mt, 128, kt, splits)
-    return h if fits(h, n, k, plane_bits) else None
+    return h if fits(h, n, k, fmt) else None
 
 
-def candidates(n: int, m_tile: int) -> list[Hints]:
-    """The hint space the tuner searches (deterministic order)."""
-    del n
+def candidates(n: int, m_tile: int, fmt: formats.Format, block_size: int = 32) -> list[Hints]:
+    """The hint space the tuner searches (deterministic order; the same for every format)."""
+    del n, fmt, block_size
     out = []
     for mt, nt, kt, splits in itertools.product((16, 32, 64, 128), (64, 128), (32, 64), (1, 2, 4, 8, 16)):
         if mt >= min(m_tile, 32) and not (mt <= 32 and kt == 64):
@@ -88,7 +92,7 @@ def candidates(n: int, m_tile: int) -> list[Hints]:
     return out
 
 
-def cost(h: Hints, target: dict[str, Any], n: int, k: int, plane_bits: int, m_tile: int) -> float:
+def cost(h: Hints, target: dict[str, Any], n: int, k: int, fmt: formats.Format, m_tile: int) -> float:
     """Relative cost for ranking candidates: padded rows of A are wasted work; fewer than 3 blocks
     per SM leave the memory system idle; each K slice adds a partial-sum round trip."""
     sms = targets.sm_count(target["arch"])
@@ -99,10 +103,11 @@ def cost(h: Hints, target: dict[str, Any], n: int, k: int, plane_bits: int, m_ti
 
 
 def apply(
-    func: tirx.PrimFunc, target: dict[str, Any], m_tile: int, hints: Hints | None = None
+    func: tirx.PrimFunc, target: dict[str, Any], fmt: formats.Format, m_tile: int, hints: Hints | None = None
 ) -> tuple[s_tir.Schedule, Hints] | None:
-    """(schedule, hints used) for the decode-fused prim_func (dynamic M, decode in float16) serving M
-    up to ``m_tile``, or None when it does not fit (activations not fp16, N or K not tileable)."""
+    """(schedule, hints used) for the decode-fused prim_func of ``fmt`` (dynamic M, decode in
+    float16) serving M up to ``m_tile``, or None when it does not fit (activations not fp16, N or K
+    not tileable)."""
     sch = s_tir.Schedule(func)
     try:
         dec, mm = sch.get_sblock("decode"), sch.get_sblock("matmul")
@@ -114,11 +119,10 @@ def apply(
         return None
     _, j, k = sch.get_loops(mm)
     n, k_total = int(sch.get(j).extent), int(sch.get(k).extent)
-    bits0 = int(planes[0].shape[1]) * 8 // k_total
-    h = hints or default_hints(target, n, k_total, bits0, m_tile)
-    if h is None or not fits(h, n, k_total, bits0):
+    h = hints or default_hints(target, n, k_total, fmt, m_tile)
+    if h is None or not fits(h, n, k_total, fmt):
         return None
-    _schedule(sch, dec, mm, h, _vec(h.kt, bits0), len(planes))
+    _schedule(sch, dec, mm, h, _vec(h.kt, fmt), len(planes))
     return sch, h
 
 
