@@ -12,7 +12,6 @@ skipped (debug message) and a corrupt line or file is skipped with a warning, ne
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -24,6 +23,8 @@ from typing import Any
 
 import platformdirs
 from filelock import FileLock
+
+from mxgemm.codegen import digest
 
 log = logging.getLogger(__name__)
 KEY_FIELDS = ("fmt", "n", "k", "m_bucket", "a_dtype", "arch")
@@ -93,13 +94,9 @@ _RULE_EXTRA = {"mma": ("codegen/pairs.py",)}  # sources a rule has on top of _RU
 
 @functools.cache
 def _rule_digest(rule: str) -> str:
-    root = Path(__file__).resolve().parent
-    h = hashlib.sha256()
     name = rule.split(".", maxsplit=1)[0]
-    for rel in (*_RULE_INPUTS, *_RULE_EXTRA.get(name, ()), f"rules/{name}.py"):
-        f = root / rel
-        h.update(rel.encode() + (f.read_bytes() if f.exists() else b""))
-    return h.hexdigest()[:16]
+    rels = (*_RULE_INPUTS, *_RULE_EXTRA.get(name, ()), f"rules/{name}.py")
+    return digest.sources(Path(__file__).resolve().parent, rels)
 
 
 def rule_versions(rule: str, versions: dict[str, str | None]) -> dict[str, str | None]:

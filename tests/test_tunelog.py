@@ -66,7 +66,8 @@ def test_log_locations(monkeypatch, tmp_path):
 
 
 def test_rule_versions_follow_only_the_rules_own_sources(tmp_path, monkeypatch):
-    """A record stays current when another rule's source changes and goes stale when its own does."""
+    """A record stays current when another rule's source changes, or its own only in docstrings,
+    comments or layout, and goes stale when its own code does."""
     v = {**V1, "codegen": "whole-tree-digest"}
     gemv, tc = tunelog.rule_versions("gemv", v), tunelog.rule_versions("tensorcore", v)
     assert "codegen" not in gemv and gemv["mxgemm"] == "0.1.0" and gemv["rule"] != tc["rule"]
@@ -79,6 +80,9 @@ def test_rule_versions_follow_only_the_rules_own_sources(tmp_path, monkeypatch):
     try:
         (fake / "rules" / "gemv.py").write_text("A = 1\n")
         before = tunelog.rule_versions("gemv", v)["rule"]
+        (fake / "rules" / "gemv.py").write_text('"""Reworded."""\n\nA = (  # a comment\n    1\n)\n')
+        tunelog._rule_digest.cache_clear()
+        assert tunelog.rule_versions("gemv", v)["rule"] == before  # docstrings, comments, layout: same
         (fake / "rules" / "gemv.py").write_text("A = 2\n")
         tunelog._rule_digest.cache_clear()
         assert tunelog.rule_versions("gemv", v)["rule"] != before

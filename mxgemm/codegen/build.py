@@ -62,22 +62,14 @@ def _tvm_version() -> str:
 
 @functools.cache
 def _codegen_digest() -> str:
-    """Hash of the sources that shape a kernel (codegen + rules), so a schedule change is a new key."""
-    import hashlib
+    """Digest of the code that shapes a kernel (codegen + rules; :mod:`~mxgemm.codegen.digest`), so a
+    schedule change is a new key and a reworded docstring is not."""
+    from mxgemm.codegen import digest
 
     root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for f in sorted(
-        [
-            *root.glob("codegen/*.py"),
-            *root.glob("codegen/*.c"),
-            *root.glob("rules/*.py"),
-            root / "formats.py",
-            root / "layout.py",
-        ]
-    ):
-        h.update(f.name.encode() + f.read_bytes())
-    return h.hexdigest()[:16]
+    files = [*root.glob("codegen/*.py"), *root.glob("codegen/*.c"), *root.glob("rules/*.py")]
+    files += [root / "formats.py", root / "layout.py"]
+    return digest.sources(root, sorted(str(f.relative_to(root)) for f in files))
 
 
 def versions(target: dict[str, Any]) -> dict[str, str | None]:

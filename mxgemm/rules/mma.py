@@ -312,8 +312,7 @@ class _Kernel:
 
     def flag_nan(self, scale) -> None:
         """Note NaN scale codes: ``scale(t, r)`` a uint32 of E8M0 codes of row ``r`` of tile ``t``.
-        One flag for all of a lane's rows (a register each would cost the 64-row kernels speed);
-        the epilogue finds the rows."""
+        One flag (one register) for all of a lane's rows; :meth:`nan_rows` finds the rows."""
         seen = tirx.BufferLoad(self.nan, [0])
         for t, r in itertools.product(range(self.h.nt), range(2)):
             seen = seen | nan_scales(scale(t, r))
@@ -386,7 +385,9 @@ class _Kernel:
             for ur in range(h.unroll):
                 self.set_x(xbuf, ur)
 
-                def scale(t, r, ur=ur):  # exact in every case: 64 rows, mma-bound, measured faster
+                # the exact decode per step: the ring's cheaper one made the 64-row kernels (255
+                # registers) 5-10% slower (mma-kn-scales-41e141d.md)
+                def scale(t, r, ur=ur):
                     if self.s_word:
                         return scale_expr(tirx.BufferLoad(sbuf, [0, t, r]) >> u32(8 * ur) & u32(255))
                     return scale_expr(tirx.BufferLoad(sbuf, [ur, t, r]))
@@ -439,9 +440,11 @@ class _Kernel:
     # ---- stages ≥ 2: cp.async ring ------------------------------------------------------------
 
     def ring_loop(self) -> None:
-        """``stages - 1`` iterations in flight through this warp's ring; iteration ``it`` waits for
-        its copies (``wait_group``), a warp barrier makes every lane's copies visible to all, then
-        the slot freed by ``it - 1`` is refilled with ``it + stages - 1`` and ``it`` computes."""
+        """``stages - 1`` iterations in flight through the group's ring; iteration ``it`` waits for
+        its copies (``wait_group``), a barrier of the group (the warp, or its ``kn`` warps) makes
+        every lane's copies visible to all, then the slot freed by ``it - 1`` is refilled with ``it +
+        stages - 1`` and ``it`` computes. Block scales: :func:`~mxgemm.codegen.decode.scale_exponent`
+        (3 ops, code 255 as +inf), NaN codes flagged per word (:meth:`flag_nan`)."""
         T, h = self.T, self.h
         codes, scales, _ = _ring_layout(h, self.fmt.bits, self.m_tile)
         self.slot16 = _slot_bytes(h, self.fmt.bits, self.m_tile) // 16  # every part: a multiple of 16 bytes
