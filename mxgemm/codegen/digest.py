@@ -10,8 +10,20 @@ from collections.abc import Iterable
 from pathlib import Path
 
 
+def _canon(node: object) -> str:
+    """A syntax tree as text that every Python version since 3.10 writes alike (``ast.dump`` does
+    not: 3.12 adds ``type_params`` to every function, 3.13 drops empty fields): node names and their
+    fields, empty ones left out, positions never in."""
+    if isinstance(node, ast.AST):
+        fields = (f"{k}={_canon(v)}" for k, v in ast.iter_fields(node) if v is not None and v != [])
+        return f"{type(node).__name__}({','.join(fields)})"
+    if isinstance(node, list):
+        return f"[{','.join(map(_canon, node))}]"
+    return repr(node)
+
+
 def _code(path: Path) -> bytes:
-    """A Python file's syntax tree without docstrings (``ast.dump``), other files' bytes; b"" when
+    """A Python file's syntax tree without docstrings (:func:`_canon`), other files' bytes; b"" when
     the file is missing."""
     if not path.exists():
         return b""
@@ -28,7 +40,7 @@ def _code(path: Path) -> bytes:
             and isinstance(body[0].value.value, str)
         ):
             node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree).encode()
+    return _canon(tree).encode()
 
 
 def sources(root: Path, rels: Iterable[str]) -> str:
