@@ -11,11 +11,13 @@ GEMV_N, GEMV_K = 64, 2048  # a shape the small-M `gemv` rule tiles for every for
 CHUNK_FORMATS = ("mxfp4", "mxfp6_e3m2", "mxfp8_e5m2", "mxint8", "bfp3")  # the chunked decode + cuBLAS path
 TC_N, TC_K = 256, 2048  # a shape the tensor-core rule tiles for every format (N % 128, K % (32 × 16))
 # (rule, activation dtype); "mma-regs": the mma rule's register pipeline (its defaults take the ring up
-# to 16 rows); "mma-shared": its ring with 4 warps sharing one copy of the activations
+# to 16 rows); "mma-shared": its ring with 4 warps sharing one copy of the activations; "mma-pdl": its
+# ring launched with programmatic dependent launch
 RULE_CASES = (
     ("mma", "float16"),
     ("mma-regs", "float16"),
     ("mma-shared", "float16"),
+    ("mma-pdl", "float16"),
     ("tensorcore", "float16"),
     ("gemv", "float16"),
     ("gemv", "bfloat16"),
@@ -26,14 +28,15 @@ def rule_shape(rule: str) -> tuple[int, int, tuple[int, ...]]:
     """(n, k, the M values) a small-M rule is tested at: every bucket it serves, padded and full."""
     if rule == "gemv":
         return GEMV_N, GEMV_K, (1, 3, 16)
-    ms = {"mma": (1, 3, 5, 16, 17, 64), "mma-regs": (1, 3, 5, 16), "mma-shared": (1, 3, 5, 16)}
+    ms = {"mma": (1, 3, 5, 16, 17, 64), **dict.fromkeys(("mma-regs", "mma-shared", "mma-pdl"), (1, 3, 5, 16))}
     return TC_N, TC_K, ms.get(rule, (5, 16, 17, 64))
 
 
 def rule_kernel(rule: str, fmt: str, dtype: str, bias: bool, m: int, arch: str) -> dict:
     """`mxgemm.build` arguments of ``rule``'s kernel for ``m`` rows, pinned by the rule's default hints
     (``mma-regs``: the mma rule with one tile, 4 warps, 4 steps and no ring; ``mma-shared``: one tile,
-    2 × 4 warps, 8 steps, a two-stage ring, activations shared by 4 warps)."""
+    2 × 4 warps, 8 steps, a two-stage ring, activations shared by 4 warps; ``mma-pdl``: one tile, 8
+    warps, 8 steps, a two-stage ring, programmatic dependent launch)."""
     from mxgemm.codegen import target as targets
     from mxgemm.rules import gemv, mma, tensorcore
 
@@ -42,10 +45,32 @@ def rule_kernel(rule: str, fmt: str, dtype: str, bias: bool, m: int, arch: str) 
     bucket = next(b for b in mod.M_TILES if m <= b)
     tgt = targets.resolve(arch)
     f = mxgemm.formats.get(fmt)
-    if rule in ("mma-regs", "mma-shared"):
-        hints = mma.Hints(1, 4, 4, 0) if rule == "mma-regs" else mma.Hints(1, 2, 8, 2, kn=4)
+    pinned = {
+        "mma-regs": mma.Hints(1, 4, 4, 0),
+        "mma-shared": mma.Hints(1, 2, 8, 2, kn=4),
+        "mma-pdl": mma.Hints(**PDL_HINTS),
+    }
+    if rule in pinned:
+        hints = pinned[rule]
     else:
         hints = mod.default_hints(tgt, n, k, f, bucket, f.block_size)
     return dict(
         fmt=fmt, n=n, k=k, m_bucket=bucket, a_dtype=dtype, bias=bias, target=tgt, hints=hints.to_dict()
     )
+
+
+PDL_HINTS = dict(nt=1, kw=8, unroll=8, stages=2, kn=1, pdl=1)  # the mma-pdl kernels
+PDL_N = 2048  # test_gpu_pdl_chain: a square W, so that each launch can read the previous one's output
+PDL_FORMATS = ("mxfp4", "mxfp6_e2m3", "mxfp8_e4m3")
+
+
+def pdl_chain_kernel(fmt: str, m: int, arch: str) -> dict:
+    """`mxgemm.build` arguments of the ``mma-pdl`` kernel of a ``[PDL_N, PDL_N]`` weight for ``m`` rows."""
+    from mxgemm.codegen import target as targets
+    from mxgemm.rules import mma
+
+    bucket = next(b for b in mma.M_TILES if m <= b)
+    tgt = targets.resolve(arch)
+    hints = mma.Hints(**PDL_HINTS).to_dict()
+    shape = dict(n=PDL_N, k=PDL_N, m_bucket=bucket)
+    return dict(fmt=fmt, **shape, a_dtype="float16", bias=False, target=tgt, hints=hints)

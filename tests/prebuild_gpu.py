@@ -68,9 +68,11 @@ def rule_cases(arch):
         CHUNK_FORMATS,
         GEMV_K,
         GEMV_N,
+        PDL_FORMATS,
         RULE_CASES,
         TC_K,
         TC_N,
+        pdl_chain_kernel,
         rule_kernel,
         rule_shape,
     )
@@ -83,6 +85,9 @@ def rule_cases(arch):
             for dt in DTYPES:
                 for m in (1, 3, 5, 16, 17, 64):
                     yield build_args(m, "cuda", fmt=fmt, n=TC_N, k=TC_K, a_dtype=dt, bias=bias, target=arch)
+        if fmt in PDL_FORMATS:  # test_gpu_pdl_chain
+            for m in (1, 16):
+                yield pdl_chain_kernel(fmt, m, arch)
         if fmt in CHUNK_FORMATS:  # test_gpu_decode_path_in_chunks: 64-row chunks of a [256, 2048] W
             for dt in DTYPES:
                 yield dict(fmt=fmt, n=GEMV_N, k=GEMV_K, a_dtype=dt, op="decode", target=arch)

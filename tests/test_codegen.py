@@ -195,8 +195,8 @@ def test_routing_by_bucket_format_and_shape():
     assert ops.plan(3, "cpu", "mxfp4", 4096, 4096, "float16") == ("linear", None)
 
 
-RING_HINTS = {"nt": 2, "kw": 4, "unroll": 8, "stages": 2, "kn": 1}
-SHARED_HINTS = {"nt": 1, "kw": 2, "unroll": 8, "stages": 2, "kn": 4}  # 4 warps share activations
+RING_HINTS = {"nt": 2, "kw": 4, "unroll": 8, "stages": 2, "kn": 1, "pdl": 0}
+SHARED_HINTS = {"nt": 1, "kw": 2, "unroll": 8, "stages": 2, "kn": 4, "pdl": 0}  # 4 warps share activations
 
 
 def test_mma_ring_needs_block_32_scales():
@@ -232,7 +232,8 @@ def test_mma_hints_shape_the_kernel():
     k = mxgemm.build(
         "mxfp6_e3m2", n=512, k=1024, m_bucket=16, target="sm_90", hints={"nt": 2, "kw": 4, "unroll": 2}
     )
-    assert k.rule == "mma" and k.info["hints"] == {"nt": 2, "kw": 4, "unroll": 2, "stages": 0, "kn": 1}
+    regs = {"nt": 2, "kw": 4, "unroll": 2, "stages": 0, "kn": 1, "pdl": 0}
+    assert k.rule == "mma" and k.info["hints"] == regs
     # unroll × nt × (16 rows: 2 n8 tiles of activations) × 2 mmas, in the pipelined loop and after it
     assert "__launch_bounds__(128)" in k.source and k.source.count("mma.sync") == 2 * (2 * 2 * 2 * 2)
     assert "cp.async" not in k.source
@@ -251,10 +252,34 @@ def test_mma_hints_shape_the_kernel():
     barrier = r"bar_sync\w*\(\(\(uint\)\(\(\(int\)threadIdx.y\) \+ 1\)\), \(uint\)128\)"  # id 1 + ty, 4 warps
     assert re.search(barrier, shared.source)
     assert "bar.warp.sync" not in shared.source and shared.source.count("__syncthreads") == 2
+    assert "griddepcontrol" not in ring.source and nvcc.PDL.encode() not in ring.path.read_bytes()
     odd = mxgemm.build(
         "mxfp6_e3m2", n=528, k=1024, m_bucket=16, target="sm_90", hints={"nt": 2, "kw": 4, "unroll": 2}
     )
     assert odd.rule == "mma" and odd.info["hints"]["nt"] == 1  # 528 = 33 tiles of 16 rows
+
+
+@pytest.mark.nvcc
+def test_mma_pdl_waits_before_it_reads():
+    """``pdl=1``: the kernel carries TVM's programmatic-dependent-launch tag (the launch asks for
+    programmatic stream serialization) and, in its body, lets the next kernel start, prefetches its
+    first slots into L2, and waits for the previous kernel before any copy (or store); sm_80 targets
+    and the register pipeline have no PDL."""
+    from mxgemm.rules import mma
+
+    hints = {**RING_HINTS, "pdl": 1}
+    k = mxgemm.build("mxfp4", n=512, k=1024, m_bucket=1, target="sm_90", hints=hints)
+    assert k.info["hints"] == hints and nvcc.PDL.encode() in k.path.read_bytes()
+    body = k.source[k.source.index("__global__") :]
+    calls = ["griddepcontrol_launch_dependents()", "prefetch_global_L2(", "griddepcontrol_wait()"]
+    calls.append("cp_async_")
+    at = [body.find(c) for c in calls]
+    assert -1 not in at and at == sorted(at), at
+    assert body.count("griddepcontrol_wait()") == 1
+    old = mxgemm.build("mxfp4", n=512, k=1024, m_bucket=1, target="sm_80", hints=hints)
+    assert old.info["hints"]["pdl"] == 0 and "griddepcontrol" not in old.source  # the defaults
+    with pytest.raises(ValueError, match="out of range"):
+        mma.Hints(1, 4, 2, 0, pdl=1)
 
 
 # ---- kernel cache ---------------------------------------------------------------------------------

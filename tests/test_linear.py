@@ -1,6 +1,7 @@
 """`mxgemm.linear` numerics against the reference (CPU in CI; the same on CUDA under the `gpu` marker)."""
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -15,11 +16,14 @@ from tests.linear_cases import (
     GEMV_K,
     GEMV_N,
     MS,
+    PDL_FORMATS,
+    PDL_N,
     RULE_CASES,
     TC_K,
     TC_N,
     K,
     N,
+    pdl_chain_kernel,
     rule_kernel,
     rule_shape,
 )
@@ -130,6 +134,7 @@ def test_gpu_small_m_rules(fmt, rule, dtype, bias):
         assert kernel.rule == rule.split("-")[0], (kernel, rule)
         assert rule != "mma-regs" or kernel.info["hints"]["stages"] == 0
         assert rule != "mma-shared" or kernel.info["hints"]["kn"] == 4
+        assert rule != "mma-pdl" or kernel.info["hints"]["pdl"] == 1
         x = torch.randn(m, k, generator=g).to(dt).to("cuda")
         y = torch.full((m, n), float("nan"), dtype=dt, device="cuda")
         kernel(x, *planes, q.scales, *([b] if bias else []), y)
@@ -157,6 +162,41 @@ def _special_scales(kernel, x, q, planes, bias, y):
     keep = [c for c in range(y.shape[1]) if c not in (0, 5)]
     _check(x, dataclasses.replace(q, blocks=q.blocks[keep], scales=s[keep], shape=(len(keep), q.shape[1])),
            bias[keep] if bias is not None else None, y[:, keep])  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("fmt", PDL_FORMATS)
+def test_gpu_pdl_chain(fmt, m):
+    """Programmatic dependent launch: six launches of a ``pdl=1`` kernel, each reading the output of
+    the one before, captured in one CUDA graph (where a launch may start before its predecessor
+    ends) give the eager chain bit for bit, and every link matches the reference."""
+    n = PDL_N
+    g = torch.Generator().manual_seed(11)
+    q = mxgemm.quantize(torch.randn(n, n, generator=g) / n**0.5, fmt).to("cuda")
+    kernel = mxgemm.build(**pdl_chain_kernel(fmt, m, "cuda"))
+    assert kernel.info["hints"]["pdl"] == 1
+    planes = ops._planes(q.blocks, mxgemm.formats.get(fmt).bits)
+    ys = [torch.randn(m, n, generator=g).half().cuda()]
+    ys += [torch.full((m, n), float("nan"), dtype=torch.half, device="cuda") for _ in range(6)]
+
+    def chain():
+        for a, b in itertools.pairwise(ys):
+            ops._run(kernel, [a, *planes, q.scales, b])
+
+    chain()
+    torch.cuda.synchronize()
+    eager = [y.clone() for y in ys[1:]]
+    for a, b in itertools.pairwise([ys[0], *eager]):
+        _check(a, q, None, b)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    for y in ys[1:]:
+        y.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(y, e) for y, e in zip(ys[1:], eager, strict=True))
 
 
 @pytest.mark.gpu

@@ -100,11 +100,32 @@ def enable() -> None:
         return compile_fatbin(code, str(tvm.target.Target.current().arch))
 
 
+PDL = "tirx.use_programtic_dependent_launch"  # TVM's launch tag (sic) for programmatic dependent launch
+
+
 def compile_module(mod: Any, target: dict[str, Any]) -> Any:
-    """``tvm.compile`` of a scheduled IRModule for a CUDA target; the device code is a fatbin."""
+    """``tvm.compile`` of a scheduled IRModule for a CUDA target; the device code is a fatbin. A
+    PrimFunc with the :data:`PDL` attribute has its kernels launched with programmatic stream
+    serialization (TVM drops the attribute when it splits host from device code: it is put back on
+    the kernels' launch tags here)."""
     import tvm
+    from tvm.tirx.build import split_host_device_mods, tir_to_runtime
 
     enable()
     tgt = tvm.target.Target(target)
-    with tgt:
-        return tvm.compile(mod, target=tgt)
+    if not any(f.attrs and f.attrs.get(PDL) for f in mod.functions.values()):
+        with tgt:
+            return tvm.compile(mod, target=tgt)
+    with tgt:  # tvm.tirx.build's steps, with the launch tags of the kernels amended
+        tgt = tgt.with_host("llvm") if tgt.host is None else tgt
+        mod = tvm.tirx.transform.BindTarget(tgt)(mod)
+        pipeline, host_passes, device_passes = tvm.tirx.get_default_tir_pipeline(tgt)
+        host, devices = split_host_device_mods(pipeline(mod))
+        for dev in devices.values():
+            for gv, f in list(dev.functions.items()):
+                tags = list(f.attrs.get("tirx.kernel_launch_params", []))
+                if tags:  # the dynamic shared memory tag must stay last
+                    at = len(tags) - (tags[-1] == "tirx.use_dyn_shared_memory")
+                    dev[gv] = f.with_attr("tirx.kernel_launch_params", [*tags[:at], PDL, *tags[at:]])
+        devices = {t: device_passes()(d) for t, d in devices.items()}
+        return tvm.runtime.Executable(tir_to_runtime(host_passes()(host), devices, tgt.host))

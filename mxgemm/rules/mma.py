@@ -28,6 +28,12 @@ Loads, by ``Hints.stages``:
   ``bar.sync``). The copies and reads go through ``T.ptx`` with explicit addresses, which TVM's
   shared-memory sync pass leaves alone.
 
+With ``Hints.pdl`` (sm_90, a ring) the kernel is launched with programmatic dependent launch: it
+lets the next kernel in the stream be scheduled at once (``griddepcontrol.launch_dependents``),
+prefetches its first ring slots of codes and scales into L2, then waits for the previous kernel to
+finish (``griddepcontrol.wait``) before it reads anything or writes Y. L2 is the GPU's point of
+coherence, so a prefetch of weights that the previous kernel is still writing is harmless.
+
 Grid: ``N / (16 nt kn)`` blocks of ``kw × kn`` warps; a warp owns ``nt`` 16-row weight tiles × the
 M tile (n8 tiles: the bucket, padded; rows ≥ M read zeros and are not stored) over ``1/kw`` of K;
 the ``kw`` warps of a column add up through shared memory.
@@ -42,7 +48,7 @@ from typing import Any
 from tvm import tirx
 
 from mxgemm import formats
-from mxgemm.codegen import pairs
+from mxgemm.codegen import nvcc, pairs
 from mxgemm.codegen import target as targets
 from mxgemm.codegen.decode import nan_scales, scale_exponent, scale_expr, u32
 from mxgemm.layout import plane_widths
@@ -59,18 +65,21 @@ class Hints:
     (1, 2, 4, 8); unroll: K steps per loop iteration, their loads issued together (1, 2, 4; 4 or 8
     with a ring); stages: 0 for the register pipeline, else the depth of the ``cp.async`` ring (2..4
     iterations, block-32 scales only); kn: warps per block side by side in N that share one copy of
-    the activations (1, 2, 4; more than 1 with a ring only)."""
+    the activations (1, 2, 4; more than 1 with a ring only); pdl: 1 for programmatic dependent launch
+    (sm_90 and newer, with a ring): the launch and first loads overlap the previous kernel's tail."""
 
     nt: int = 4
     kw: int = 4
     unroll: int = 2
     stages: int = 0
     kn: int = 1
+    pdl: int = 0
 
     def __post_init__(self) -> None:
         ok = self.nt in (1, 2, 4, 8) and self.kw in (1, 2, 4, 8) and self.stages in (0, 2, 3, 4)
         ok = ok and self.unroll in ((4, 8) if self.stages else (1, 2, 4))
         ok = ok and self.kn in ((1, 2, 4) if self.stages else (1,)) and self.kw * self.kn <= 16
+        ok = ok and self.pdl in ((0, 1) if self.stages else (0,))
         if not ok:
             raise ValueError(f"mma hints out of range: {self}")
 
@@ -147,7 +156,7 @@ def valid(h: Hints, n: int, m_tile: int, fmt: formats.Format, block_size: int) -
 def candidates(n: int, m_tile: int, fmt: formats.Format, block_size: int = STEP) -> list[Hints]:
     """The hint space the tuner searches: every :func:`valid` combination (deterministic order)."""
     regs = itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4), (0,), (1,))
-    rings = itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (4, 8), (2, 3, 4), (1, 2, 4))
+    rings = itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (4, 8), (2, 3, 4), (1, 2, 4), (0, 1))
     hints = (Hints(*p) for p in itertools.chain(regs, rings) if p[1] * p[4] <= 16)
     return [h for h in hints if valid(h, n, m_tile, fmt, block_size)]
 
@@ -203,7 +212,12 @@ def apply(spec: Any, tuned: list[Hints]) -> tuple[tirx.PrimFunc, Hints] | None:
     if not applies(fmt, spec.block_size, spec.a_dtype, spec.m_bucket):
         return None
     n, k, m_tile = spec.n, spec.k, spec.m_bucket
-    ok = [t for t in tuned if fits(t, n, k, fmt) and valid(t, n, m_tile, fmt, spec.block_size)]
+    pdl_ok = targets.sm_version(spec.target["arch"]) >= 90  # griddepcontrol
+    ok = [
+        t
+        for t in tuned
+        if fits(t, n, k, fmt) and valid(t, n, m_tile, fmt, spec.block_size) and (pdl_ok or not t.pdl)
+    ]
     h = ok[0] if ok else default_hints(spec.target, spec.n, spec.k, fmt, spec.m_bucket, spec.block_size)
     if h is None:
         return None
@@ -262,7 +276,8 @@ class _Kernel:
     def emit(self) -> None:
         T, h, n, k = self.T, self.h, self.n, self.k
         T.func_name("main")
-        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        attrs = {"global_symbol": "main", "tirx.noalias": True}
+        T.func_attr({**attrs, nvcc.PDL: True} if h.pdl else attrs)
         m = 1 if self.m_tile == 1 else tirx.Var("m", "int64")
         self.m64 = tirx.const(1, "int64") if self.m_tile == 1 else m
         a_h = T.arg("A", T.handle())
@@ -296,6 +311,10 @@ class _Kernel:
             self.bfr = T.alloc_buffer((self.xt_n, 2, 2), "uint32", scope="local")
             for idx in itertools.product(*map(range, shape)):
                 T.buffer_store(self.acc, tirx.const(0.0, "float32"), list(idx))
+            if h.pdl:
+                T.evaluate(T.ptx.griddepcontrol.launch_dependents())
+                self.prefetch_l2()
+                T.evaluate(T.ptx.griddepcontrol.wait())
             if h.stages:
                 self.ring_loop()
             else:
@@ -499,6 +518,21 @@ class _Kernel:
                     return scale_exponent(tirx.BufferLoad(sreg, [t, r, ur // 4]), ur % 4)
 
                 self.step(lambda t, r, p, i, b=ur % nb: tirx.BufferLoad(wreg, [b, t, r, p, i]), scale)
+
+    def prefetch_l2(self) -> None:
+        """L2 prefetch of this warp's codes and scales of the ring's first ``stages - 1`` iterations
+        (lanes 0..15: a row each, a prefetch per 128 bytes)."""
+        T, h, tx = self.T, self.h, self.tx
+        with T.If(tx < 16):
+            with T.Then():
+                for it in range(min(h.stages - 1, self.iters)):
+                    step0 = self.ty * self.steps + it * h.unroll
+                    for t in range(h.nt):
+                        row = self.ix(self.n0 + 16 * t + tx)
+                        for bb, w in zip(self.B, self.widths, strict=True):
+                            for off in range(0, 4 * w * h.unroll, 128):
+                                T.evaluate(T.ptx.prefetch.global_.L2(bb.ptr_to([row, step0 * (4 * w) + off])))
+                        T.evaluate(T.ptx.prefetch.global_.L2(self.S.ptr_to([row, step0])))
 
     def _smem(self, slot, byte, own=True):
         """The shared-state address of byte ``byte`` of this warp's part (``own``; else of the
