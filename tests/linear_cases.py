@@ -35,7 +35,7 @@ def rule_shape(rule: str) -> tuple[int, int, tuple[int, ...]]:
 def rule_kernel(rule: str, fmt: str, dtype: str, bias: bool, m: int, arch: str) -> dict:
     """`mxgemm.build` arguments of ``rule``'s kernel for ``m`` rows, pinned by the rule's default hints
     (``mma-regs``: the mma rule with one tile, 4 warps, 4 steps and no ring; ``mma-shared``: one tile,
-    2 × 4 warps, 8 steps, a two-stage ring, activations shared by 4 warps; ``mma-pdl``: one tile, 8
+    2 × 4 warps, 8 steps, a two-stage ring, activations shared by 4 warps; ``mma-pdl``: one tile, 4
     warps, 8 steps, a two-stage ring, programmatic dependent launch)."""
     from mxgemm.codegen import target as targets
     from mxgemm.rules import gemv, mma, tensorcore
@@ -59,7 +59,7 @@ def rule_kernel(rule: str, fmt: str, dtype: str, bias: bool, m: int, arch: str) 
     )
 
 
-PDL_HINTS = dict(nt=1, kw=8, unroll=8, stages=2, kn=1, pdl=1)  # the mma-pdl kernels
+PDL_HINTS = dict(nt=1, kw=4, unroll=8, stages=2, kn=1, pdl=1)  # the mma-pdl kernels (8-bit codes fit too)
 PDL_N = 2048  # test_gpu_pdl_chain: a square W, so that each launch can read the previous one's output
 PDL_FORMATS = ("mxfp4", "mxfp6_e2m3", "mxfp8_e4m3")
 
