@@ -12,7 +12,7 @@ CHUNK_FORMATS = ("mxfp4", "mxfp6_e3m2", "mxfp8_e5m2", "mxint8", "bfp3")  # the c
 TC_N, TC_K = 256, 2048  # a shape the tensor-core rule tiles for every format (N % 128, K % (32 × 16))
 # (rule, activation dtype); "mma-regs": the mma rule's register pipeline (its defaults take the ring up
 # to 16 rows); "mma-shared": its ring with 4 warps sharing one copy of the activations; "mma-pdl": its
-# ring launched with programmatic dependent launch
+# ring launched with programmatic dependent launch, decoding by left shifts
 RULE_CASES = (
     ("mma", "float16"),
     ("mma-regs", "float16"),
@@ -36,7 +36,7 @@ def rule_kernel(rule: str, fmt: str, dtype: str, bias: bool, m: int, arch: str) 
     """`mxgemm.build` arguments of ``rule``'s kernel for ``m`` rows, pinned by the rule's default hints
     (``mma-regs``: the mma rule with one tile, 4 warps, 4 steps and no ring; ``mma-shared``: one tile,
     2 × 4 warps, 8 steps, a two-stage ring, activations shared by 4 warps; ``mma-pdl``: one tile, 4
-    warps, 8 steps, a two-stage ring, programmatic dependent launch)."""
+    warps, 8 steps, a two-stage ring, programmatic dependent launch, the left-shift pair decode)."""
     from mxgemm.codegen import target as targets
     from mxgemm.rules import gemv, mma, tensorcore
 
@@ -59,7 +59,7 @@ def rule_kernel(rule: str, fmt: str, dtype: str, bias: bool, m: int, arch: str) 
     )
 
 
-PDL_HINTS = dict(nt=1, kw=4, unroll=8, stages=2, kn=1, pdl=1)  # the mma-pdl kernels (8-bit codes fit too)
+PDL_HINTS = dict(nt=1, kw=4, unroll=8, stages=2, kn=1, pdl=1, shl=1)  # the mma-pdl kernels
 PDL_N = 2048  # test_gpu_pdl_chain: a square W, so that each launch can read the previous one's output
 PDL_FORMATS = ("mxfp4", "mxfp6_e2m3", "mxfp8_e4m3")
 

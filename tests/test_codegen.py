@@ -195,8 +195,9 @@ def test_routing_by_bucket_format_and_shape():
     assert ops.plan(3, "cpu", "mxfp4", 4096, 4096, "float16") == ("linear", None)
 
 
-RING_HINTS = {"nt": 2, "kw": 4, "unroll": 8, "stages": 2, "kn": 1, "pdl": 0}
-SHARED_HINTS = {"nt": 1, "kw": 2, "unroll": 8, "stages": 2, "kn": 4, "pdl": 0}  # 4 warps share activations
+RING_HINTS = {"nt": 2, "kw": 4, "unroll": 8, "stages": 2, "kn": 1, "pdl": 0, "shl": 0}
+# 4 warps share activations
+SHARED_HINTS = {"nt": 1, "kw": 2, "unroll": 8, "stages": 2, "kn": 4, "pdl": 0, "shl": 0}
 
 
 def test_mma_ring_needs_block_32_scales():
@@ -232,7 +233,7 @@ def test_mma_hints_shape_the_kernel():
     k = mxgemm.build(
         "mxfp6_e3m2", n=512, k=1024, m_bucket=16, target="sm_90", hints={"nt": 2, "kw": 4, "unroll": 2}
     )
-    regs = {"nt": 2, "kw": 4, "unroll": 2, "stages": 0, "kn": 1, "pdl": 0}
+    regs = {"nt": 2, "kw": 4, "unroll": 2, "stages": 0, "kn": 1, "pdl": 0, "shl": 0}
     assert k.rule == "mma" and k.info["hints"] == regs
     # unroll × nt × (16 rows: 2 n8 tiles of activations) × 2 mmas, in the pipelined loop and after it
     assert "__launch_bounds__(128)" in k.source and k.source.count("mma.sync") == 2 * (2 * 2 * 2 * 2)

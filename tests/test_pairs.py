@@ -27,7 +27,7 @@ def _words(codes: np.ndarray, bits: int) -> np.ndarray:
     return out
 
 
-def _decode_fn(fmt, cases: int):
+def _decode_fn(fmt, cases: int, left: bool):
     import tvm
     from tvm.script.ir_builder import IRBuilder
     from tvm.script.ir_builder import tirx as T
@@ -40,15 +40,16 @@ def _decode_fn(fmt, cases: int):
             o = T.match_buffer(T.arg("O", T.handle()), (cases, 4), "uint32")
             with T.serial(0, cases) as c:
                 for pair in range(4):
-                    bits = pairs.decode_pair(fmt, lambda p, i: w[c, p, i], pair, cuda=False)
+                    bits = pairs.decode_pair(fmt, lambda p, i: w[c, p, i], pair, cuda=False, left=left)
                     T.buffer_store(o, bits, [c, pair])
     return tvm.compile(tvm.IRModule({"main": ib.get()}), target="llvm")["main"]
 
 
+@pytest.mark.parametrize("left", [False, True])
 @pytest.mark.parametrize("name", FORMATS)
-def test_every_code_pair_bit_exact(name):
+def test_every_code_pair_bit_exact(name, left):
     """Every code at every position of a run of 8 (and each next to every other code) decodes to
-    its value times the format's fp16 offset, exactly."""
+    its value times the format's fp16 offset, exactly (both byte-lane choices: ``left``)."""
     import tvm
 
     fmt = formats.get(name)
@@ -64,7 +65,7 @@ def test_every_code_pair_bit_exact(name):
     words = _words(codes, fmt.bits)
     out = np.zeros((codes.shape[0], 4), np.uint32)
     w_t, o_t = tvm.runtime.tensor(words), tvm.runtime.tensor(out)
-    _decode_fn(fmt, codes.shape[0])(w_t, o_t)
+    _decode_fn(fmt, codes.shape[0], left)(w_t, o_t)
     got = o_t.numpy().view(np.float16).reshape(-1, 8).astype(np.float64) * pairs.out_factor(fmt)
     want = oracle.decode(codes, spec)
     special = ~np.isfinite(want)  # NaN/inf codes (never produced by quantize)

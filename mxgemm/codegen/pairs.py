@@ -8,6 +8,10 @@ top of its mantissa, which is the value times ``2**(bias - 15)`` (subnormals map
 ebits ≤ 5 and mbits ≤ 10 for every format); :func:`out_factor` undoes it once per output. Integer
 codes: ``code ^ 2**(bits-1)`` in the mantissa of 1024.0 is ``1024 + 2**(bits-1) + q``; one exact
 half2 subtraction gives ``q``, and :func:`out_factor` applies ``2**-(bits-2)``.
+
+``left``: the pair goes to the byte lane from which every field moves left. ptxas issues a left shift
+as ``IMAD.SHL`` on the FMA pipe, a right one as ``SHF`` on the ALU pipe, where the ring kernels'
+decode is the busiest pipe; which is faster depends on the kernel (a tuning hint of the ``mma`` rule).
 """
 
 from __future__ import annotations
@@ -44,23 +48,29 @@ def prmt(a: PrimExpr, b: PrimExpr, sel: int, cuda: bool) -> PrimExpr:
     return out
 
 
-def _field(word: PrimExpr, w: int, bit: int, dest: int, cuda: bool) -> tuple[PrimExpr, int]:
+def _field(
+    word: PrimExpr, w: int, bit: int, dest: int, cuda: bool, left: bool = False
+) -> tuple[PrimExpr, int]:
     """The pair of ``w``-bit codes at bits ``bit`` and ``bit + w`` of ``word`` moved to the same offset
     ``o`` of both 16-bit halves: (the moved word, ``o``). One ``prmt`` of ``word << w`` (which holds
     the first code where ``word`` holds the second) and ``word``: the codes' byte goes to byte 0/2 or
-    1/3, whichever leaves ``o`` nearest ``dest`` (where the field's bits are wanted); other bits are
-    garbage."""
+    1/3, whichever leaves ``o`` nearest ``dest`` (where the field's bits are wanted; ``left``: the
+    highest ``o`` not above ``dest``, where there is one); other bits are garbage."""
     byte, within = (bit + w) // 8, (bit + w) % 8
-    lo = min((0, 1), key=lambda lane: abs(dest - (8 * lane + within)))
+    lanes = [lane for lane in (0, 1) if 8 * lane + within <= dest] if left else []
+    lo = max(lanes) if lanes else min((0, 1), key=lambda lane: abs(dest - (8 * lane + within)))
     sel = byte << 4 * lo | (4 + byte) << 4 * (lo + 2)
     return prmt(word << u32(w), word, sel, cuda), 8 * lo + within
 
 
-def decode_pair(fmt: Format, word: Callable[[int, int], PrimExpr], pair: int, cuda: bool = True) -> PrimExpr:
+def decode_pair(
+    fmt: Format, word: Callable[[int, int], PrimExpr], pair: int, cuda: bool = True, left: bool = False
+) -> PrimExpr:
     """uint32 bits of the fp16 pair of codes ``2 pair`` and ``2 pair + 1`` (low and high half) of a
     run of 8 codes of ``fmt``, given as their bit planes (:func:`mxgemm.layout.plane_widths`, low
     bits first): ``word(plane, i)`` is uint32 word ``i`` of the plane's ``w`` bytes (little endian;
-    two words for 8-bit planes, else one, zero-extended). ``cuda``: ``prmt`` as one instruction.
+    two words for 8-bit planes, else one, zero-extended). ``cuda``: ``prmt`` as one instruction;
+    ``left``: fields moved by left shifts where the lanes allow it (the same bits).
     """
     terms: list[PrimExpr] = []
     off = 0
@@ -68,13 +78,15 @@ def decode_pair(fmt: Format, word: Callable[[int, int], PrimExpr], pair: int, cu
     for p, w in enumerate(plane_widths(fmt.bits)):
         bit = 2 * pair * w  # of code 2 pair in the plane's bitstream
         if fmt.kind == "int":
-            z, o = _field(word(p, bit // 32), w, bit % 32, off, cuda)
+            z, o = _field(word(p, bit // 32), w, bit % 32, off, cuda, left)
             terms.append(_shift(z, off - o) & _rep((2**w - 1) << off))
         else:
             plain = min(w, top - off)  # exponent/mantissa bits of this plane
             dest = off + 10 - fmt.mbits
             sign_at = 15 - (top - off) if off + w > top else dest  # where the field best sits
-            z, o = _field(word(p, bit // 32), w, bit % 32, sign_at, cuda)
+            z, o = _field(
+                word(p, bit // 32), w, bit % 32, min(dest, sign_at) if left else sign_at, cuda, left
+            )
             if plain > 0:
                 terms.append(_shift(z, dest - o) & _rep((2**plain - 1) << dest))
             if off + w > top:  # the sign bit is in this plane

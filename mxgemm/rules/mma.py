@@ -66,7 +66,9 @@ class Hints:
     with a ring); stages: 0 for the register pipeline, else the depth of the ``cp.async`` ring (2..4
     iterations, block-32 scales only); kn: warps per block side by side in N that share one copy of
     the activations (1, 2, 4; more than 1 with a ring only); pdl: 1 for programmatic dependent launch
-    (sm_90 and newer, with a ring): the launch and first loads overlap the previous kernel's tail."""
+    (sm_90 and newer, with a ring): the launch and first loads overlap the previous kernel's tail;
+    shl: 1 for the pair decode by left shifts only (``pairs.decode_pair(left=True)``: the FMA pipe
+    instead of the ALU pipe, which the decode keeps busiest)."""
 
     nt: int = 4
     kw: int = 4
@@ -74,12 +76,13 @@ class Hints:
     stages: int = 0
     kn: int = 1
     pdl: int = 0
+    shl: int = 0
 
     def __post_init__(self) -> None:
         ok = self.nt in (1, 2, 4, 8) and self.kw in (1, 2, 4, 8) and self.stages in (0, 2, 3, 4)
         ok = ok and self.unroll in ((4, 8) if self.stages else (1, 2, 4))
         ok = ok and self.kn in ((1, 2, 4) if self.stages else (1,)) and self.kw * self.kn <= 16
-        ok = ok and self.pdl in ((0, 1) if self.stages else (0,))
+        ok = ok and self.pdl in ((0, 1) if self.stages else (0,)) and self.shl in (0, 1)
         if not ok:
             raise ValueError(f"mma hints out of range: {self}")
 
@@ -155,8 +158,8 @@ def valid(h: Hints, n: int, m_tile: int, fmt: formats.Format, block_size: int) -
 
 def candidates(n: int, m_tile: int, fmt: formats.Format, block_size: int = STEP) -> list[Hints]:
     """The hint space the tuner searches: every :func:`valid` combination (deterministic order)."""
-    regs = itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4), (0,), (1,))
-    rings = itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (4, 8), (2, 3, 4), (1, 2, 4), (0, 1))
+    regs = itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4), (0,), (1,), (0,), (0, 1))
+    rings = itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (4, 8), (2, 3, 4), (1, 2, 4), (0, 1), (0, 1))
     hints = (Hints(*p) for p in itertools.chain(regs, rings) if p[1] * p[4] <= 16)
     return [h for h in hints if valid(h, n, m_tile, fmt, block_size)]
 
@@ -345,7 +348,8 @@ class _Kernel:
         for t, g, q in itertools.product(range(h.nt), range(2), range(4)):
             # a0..a3: rows quad / quad+8 × codes (4g, 4g+1) / (4g+2, 4g+3)
             wd = lambda p, i, t=t, r=q % 2: word(t, r, p, i)  # noqa: E731
-            T.buffer_store(self.afr, pairs.decode_pair(self.fmt, wd, 2 * g + q // 2), [t, g, q])
+            pair = pairs.decode_pair(self.fmt, wd, 2 * g + q // 2, left=bool(h.shl))
+            T.buffer_store(self.afr, pair, [t, g, q])
         for t, a in itertools.product(range(h.nt), range(xt_n)):
             for e in range(4):
                 T.buffer_store(self.tmp, tirx.const(0.0, "float32"), [t, a, e])
