@@ -66,11 +66,4 @@ PDL_FORMATS = ("mxfp4", "mxfp6_e2m3", "mxfp8_e4m3")
 
 def pdl_chain_kernel(fmt: str, m: int, arch: str) -> dict:
     """`mxgemm.build` arguments of the ``mma-pdl`` kernel of a ``[PDL_N, PDL_N]`` weight for ``m`` rows."""
-    from mxgemm.codegen import target as targets
-    from mxgemm.rules import mma
-
-    bucket = next(b for b in mma.M_TILES if m <= b)
-    tgt = targets.resolve(arch)
-    hints = mma.Hints(**PDL_HINTS).to_dict()
-    shape = dict(n=PDL_N, k=PDL_N, m_bucket=bucket)
-    return dict(fmt=fmt, **shape, a_dtype="float16", bias=False, target=tgt, hints=hints)
+    return {**rule_kernel("mma-pdl", fmt, "float16", False, m, arch), "n": PDL_N, "k": PDL_N}

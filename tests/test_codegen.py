@@ -272,8 +272,12 @@ def test_mma_pdl_waits_before_it_reads():
     k = mxgemm.build("mxfp4", n=512, k=1024, m_bucket=1, target="sm_90", hints=hints)
     assert k.info["hints"] == hints and nvcc.PDL.encode() in k.path.read_bytes()
     body = k.source[k.source.index("__global__") :]
-    calls = ["griddepcontrol_launch_dependents()", "prefetch_global_L2(", "griddepcontrol_wait()"]
-    calls.append("cp_async_")
+    calls = [
+        "griddepcontrol_launch_dependents()",
+        "prefetch_global_L2(",
+        "griddepcontrol_wait()",
+        "cp_async_",
+    ]
     at = [body.find(c) for c in calls]
     assert -1 not in at and at == sorted(at), at
     assert body.count("griddepcontrol_wait()") == 1
