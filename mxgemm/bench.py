@@ -69,11 +69,11 @@ def _tuned(on: bool):
 
     old = os.environ.get("MXGEMM_TUNED")
     os.environ["MXGEMM_TUNED"] = "1" if on else "0"
-    ops._kernels.clear()
+    ops.clear_kernels()
     try:
         yield
     finally:
-        ops._kernels.clear()
+        ops.clear_kernels()
         if old is None:
             del os.environ["MXGEMM_TUNED"]
         else:

@@ -124,7 +124,7 @@ class MxLinear(nn.Module):
     @property
     def planes(self) -> list[torch.Tensor]:
         """The code planes the kernels read (uint8 ``[out_features, in_features * w / 8]`` each)."""
-        return [getattr(self, name) for name in self._plane_names]
+        return [self._buffers[name] for name in self._plane_names]
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
@@ -162,8 +162,8 @@ class MxLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"MxLinear: expected input [..., {self.in_features}], got {list(x.shape)}")
-        y = torch.ops.mxgemm.linear(
-            x.to(self.a_dtype),
+        y = ops.dispatch(
+            x if x.dtype is self.a_dtype else x.to(self.a_dtype),
             self.planes,
             self.weight_scales,
             self.bias,
@@ -172,7 +172,7 @@ class MxLinear(nn.Module):
             self.out_features,
             self.in_features,
         )
-        return y.to(x.dtype)
+        return y if y.dtype is x.dtype else y.to(x.dtype)
 
     def extra_repr(self) -> str:
         return (

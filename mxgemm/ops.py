@@ -19,6 +19,7 @@ from mxgemm.config import A_DTYPES
 from mxgemm.weight import MxWeight
 
 ACT_DTYPES = tuple(A_DTYPES.values())
+_DTYPE_NAMES = {v: k for k, v in A_DTYPES.items()}  # torch.float16 -> "float16"
 FP16_MAX = 65504.0
 DECODE_ABOVE = 4  # CUDA, more rows than this: decode W in 16 bits, then cuBLAS (see `plan`)
 
@@ -147,8 +148,7 @@ def _kernel(
     return _kernels[key]
 
 
-@torch.library.custom_op("mxgemm::linear", mutates_args=())
-def _linear(
+def _forward(
     x: torch.Tensor,
     planes: list[torch.Tensor],
     scales: torch.Tensor,
@@ -160,22 +160,43 @@ def _linear(
 ) -> torch.Tensor:
     """``x @ W.T (+ bias)``. x: fp16/bf16 ``[..., k]``; planes: the code planes of W in the kernel
     layout (uint8 ``[n, k*w/8]`` each, :func:`mxgemm.layout.to_planes`); scales: uint8 ``[n, k/block]``;
-    bias: ``x.dtype [n]`` or None. Returns ``x.dtype [..., n]``."""
-    x2 = x.reshape(-1, k).contiguous()
+    bias: ``x.dtype [n]`` or None. Returns ``x.dtype [..., n]``. The body of the custom op
+    ``mxgemm::linear``, and what eager calls run without it (:func:`dispatch`)."""
+    flat = x.dim() == 2
+    x2 = x if flat and x.is_contiguous() else x.reshape(-1, k).contiguous()
     m = x2.shape[0]
     if m == 0:
         return x.new_empty(*x.shape[:-1], n)
-    capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()  # no host sync inside a CUDA graph
-    if x.dtype == torch.float16 and not capturing:
-        _check_fp16_once(planes, scales, fmt, block_size, n, k)
-    op, m_bucket = plan(m, x.device.type, fmt, n, k, str(x.dtype).removeprefix("torch."))
-    if op == "decode":
+    dev = x.device
+    cuda = dev.type == "cuda"
+    if x.dtype is torch.float16 and not (cuda and torch.cuda.is_current_stream_capturing()):
+        _check_fp16_once(planes, scales, fmt, block_size, n, k)  # a host sync: never inside a CUDA graph
+    key = (m, dev, x.dtype, fmt, n, k, bias is not None, block_size)
+    kernel = _routes[key] if key in _routes else _routes.setdefault(key, _route(*key))
+    if kernel is None:
         out = _decode_then_cublas(x2, planes, scales, bias, fmt, block_size, n, k)
     else:
-        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-        kernel = _kernel(x.device, fmt, n, k, m_bucket, x.dtype, bias is not None, block_size)
-        _run(kernel, [x2, *planes, scales] + ([bias.contiguous()] if bias is not None else []) + [out])
-    return out.reshape(*x.shape[:-1], n)
+        out = torch.empty(m, n, dtype=x.dtype, device=dev)
+        tail = [out] if bias is None else [bias.contiguous(), out]
+        _run(kernel, [x2, *planes, scales, *tail])
+    return out if flat else out.reshape(*x.shape[:-1], n)
+
+
+_routes: dict[tuple, builder.Kernel | None] = {}  # (m, device, dtype, fmt, n, k, bias, block) -> kernel
+
+
+def _route(m, device, dtype, fmt, n, k, bias, block_size) -> builder.Kernel | None:
+    """The fused kernel that serves ``m`` rows of this layer (:func:`plan`), or None for decode +
+    cuBLAS; memoized per call signature in ``_routes`` so a forward call does one dict lookup."""
+    op, m_bucket = plan(m, device.type, fmt, n, k, _DTYPE_NAMES[dtype])
+    return None if op == "decode" else _kernel(device, fmt, n, k, m_bucket, dtype, bias, block_size)
+
+
+def clear_kernels() -> None:
+    """Forget the kernels this process looked up (the next call looks them up again, e.g. after the
+    tune log or ``$MXGEMM_TUNED`` changed)."""
+    _kernels.clear()
+    _routes.clear()
 
 
 def _decode_then_cublas(x2, planes, scales, bias, fmt, block_size, n, k) -> torch.Tensor:
@@ -198,19 +219,65 @@ def _decode_then_cublas(x2, planes, scales, bias, fmt, block_size, n, k) -> torc
 
 
 def _run(kernel: builder.Kernel, args: list[torch.Tensor]) -> None:
-    """Launch ``kernel`` on the tensors' device (CUDA: on the current torch stream)."""
-    if args[0].is_cuda:
-        import tvm_ffi
-
-        with torch.cuda.device(args[0].device), tvm_ffi.use_torch_stream():
+    """Launch ``kernel`` on the tensors' device (CUDA: on that device's current torch stream, which
+    tvm-ffi reads from the torch tensors it is given; the device is made current only when it is not)."""
+    dev = args[0].device
+    if dev.type == "cuda" and dev.index != torch.cuda.current_device():
+        with torch.cuda.device(dev):
             kernel(*args)
     else:
         kernel(*args)
 
 
+@torch.library.custom_op("mxgemm::linear", mutates_args=())
+def _linear(
+    x: torch.Tensor,
+    planes: list[torch.Tensor],
+    scales: torch.Tensor,
+    bias: torch.Tensor | None,
+    fmt: str,
+    block_size: int,
+    n: int,
+    k: int,
+) -> torch.Tensor:
+    """The custom op (see :func:`_forward`): what torch.compile, torch.export and autograd see."""
+    return _forward(x, planes, scales, bias, fmt, block_size, n, k)
+
+
 @_linear.register_fake
 def _(x, planes, scales, bias, fmt, block_size, n, k):
     return x.new_empty(*x.shape[:-1], n)
+
+
+def _eager(x: torch.Tensor) -> bool:
+    """Whether a call on ``x`` may skip the custom op's dispatch (≈ 60 µs of host time a call) and run
+    :func:`_forward` directly: outside torch.compile tracing (checked first, so dynamo folds the rest
+    away), a plain tensor (not a fake or functional one), no torch dispatch or function mode active
+    (export, make_fx), and no gradient to record."""
+    return (
+        not torch.compiler.is_compiling()
+        and type(x) is torch.Tensor
+        and not (x.requires_grad and torch.is_grad_enabled())
+        and not torch._C._len_torch_dispatch_stack()
+        and not torch._C._is_torch_function_mode_enabled()
+    )
+
+
+def dispatch(
+    x: torch.Tensor,
+    planes: list[torch.Tensor],
+    scales: torch.Tensor,
+    bias: torch.Tensor | None,
+    fmt: str,
+    block_size: int,
+    n: int,
+    k: int,
+) -> torch.Tensor:
+    """``mxgemm::linear`` on already-checked arguments (see :func:`_forward`): straight to the kernel
+    in eager mode, through the custom op wherever torch traces or records (:func:`_eager`). Both run
+    the same code, so their results are identical."""
+    run = _forward if _eager(x) else torch.ops.mxgemm.linear
+    return run(x, planes, scales, bias, fmt, block_size, n, k)
 
 
 def linear(x: torch.Tensor, w: MxWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -241,4 +308,4 @@ def linear(x: torch.Tensor, w: MxWeight, bias: torch.Tensor | None = None) -> to
                 f"on {bias.device}"
             )
     planes = _planes(w.blocks, formats.get(w.fmt).bits)
-    return _linear(x, planes, w.scales, bias, w.fmt, w.block_size, n, k)
+    return dispatch(x, planes, w.scales, bias, w.fmt, w.block_size, n, k)

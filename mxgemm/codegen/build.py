@@ -118,7 +118,7 @@ class Kernel:
         return self._func
 
     def __call__(self, *args: torch.Tensor) -> None:
-        self._load()(*args)
+        (self._func or self._load())(*args)
 
     def __repr__(self) -> str:
         s = self.spec

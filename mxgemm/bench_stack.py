@@ -1,0 +1,168 @@
+"""`mxgemm bench --stack`: what a user's model sees — a stack of decoder projections as `MxLinear`
+against the same stack as ``nn.Linear``, in eager mode and in a CUDA graph, fp16 and bf16, over M.
+
+The stack is two Llama-3-8B decoder layers' seven projections (q, k, v, o, gate, up, down: 14 calls a
+step, 436 M weights, 870 MB in 16 bits, so L2 holds none of it between calls). A step calls each layer
+on its own input ``[m, in_features]``; eager steps are timed back to back with CUDA events (the host
+path counts), graph steps as one captured step replayed. Peers, when they run here: torch's int4
+tinygemm (bf16, group 32, what torchao's int4 weight-only uses). Results go to
+``benchmarks/results/<gpu>/stack.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+HIDDEN, INTER, KV = 4096, 14336, 1024  # Llama-3-8B: 32 heads, 8 KV heads of 128
+PROJ = (("q", HIDDEN, HIDDEN), ("k", HIDDEN, KV), ("v", HIDDEN, KV), ("o", HIDDEN, HIDDEN))
+PROJ += (("gate", HIDDEN, INTER), ("up", HIDDEN, INTER), ("down", INTER, HIDDEN))
+LAYERS = 2
+MS = (1, 4, 16, 64, 256, 1024)
+DTYPES = ("float16", "bfloat16")
+STEPS = 20  # eager steps per timing; graph replays per timing
+REPEATS = 5
+
+
+def shapes() -> list[tuple[int, int]]:
+    """``(in_features, out_features)`` of every layer of the stack, in call order."""
+    return [(i, o) for _ in range(LAYERS) for _, i, o in PROJ]
+
+
+def build_specs(fmt: str, arch: str, ms=MS, dtypes=DTYPES) -> list[dict[str, Any]]:
+    """The `mxgemm.build` arguments of every kernel the stack runs (for ``--build-only``)."""
+    from mxgemm.ops import build_args
+
+    specs = [
+        build_args(m, "cuda", fmt=fmt, n=o, k=i, a_dtype=dt, bias=False, target=arch)
+        for i, o in set(shapes())
+        for m in ms
+        for dt in dtypes
+    ]
+    return list({json.dumps(s, sort_keys=True): s for s in specs}.values())
+
+
+def _time(step, graph: bool) -> float:
+    """Median µs per step: eager steps back to back, or one captured step replayed."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            step()  # loads kernels and runs first-call checks outside any capture
+    torch.cuda.current_stream().wait_stream(s)
+    run = step
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            step()
+        run = g.replay
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(REPEATS):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(STEPS):
+            run()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / STEPS)
+    return statistics.median(times)
+
+
+class _Tinygemm(nn.Module):
+    """torch's int4 tinygemm layer (bf16, group 32): the kernel torchao's int4 weight-only uses."""
+
+    def __init__(self, lin: nn.Linear, group: int = 32):
+        super().__init__()
+        w = lin.weight.detach().float()
+        n, k = w.shape
+        g = w.reshape(n, k // group, group)
+        lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+        scale = ((hi - lo) / 15).clamp_min(1e-8)
+        q = ((g - lo) / scale).round().clamp(0, 15).to(torch.uint8).reshape(n, k)
+        zero = lo + 8 * scale  # w = (q - 8) * scale + zero
+        packed = (q[:, ::2] << 4 | q[:, 1::2]).contiguous()
+        self.w = torch._convert_weight_to_int4pack(packed, 8)
+        sz = torch.stack([scale.reshape(n, -1), zero.reshape(n, -1)], -1).transpose(0, 1)
+        self.sz = sz.contiguous().to(torch.bfloat16)
+        self.group = group
+
+    def forward(self, x):
+        return torch._weight_int4pack_mm(x, self.w, self.group, self.sz)
+
+
+def run(fmt: str = "mxfp4", ms=MS, dtypes=DTYPES, out_dir: str | Path = "benchmarks/results") -> dict:
+    """Measure the stack: nn.Linear, MxLinear (and peers) × eager/graph × dtype × M; write results."""
+    import mxgemm
+    from mxgemm.bench import _commit
+
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    rows = []
+    for dt_name in dtypes:
+        dt = getattr(torch, dt_name)
+        dense = [nn.Linear(i, o, bias=False, device=dev, dtype=dt) for i, o in shapes()]
+        stacks = {"nn.Linear": dense}
+        stacks["mxgemm"] = [mxgemm.MxLinear.from_linear(lin, fmt, a_dtype=dt) for lin in dense]
+        if dt == torch.bfloat16:
+            try:
+                stacks["tinygemm_int4"] = [_Tinygemm(lin) for lin in dense]
+            except (RuntimeError, NotImplementedError) as e:
+                print(f"tinygemm skipped: {e}")
+        for m in ms:
+            xs = [torch.randn(m, i, device=dev, dtype=dt) for i, _ in shapes()]
+            base: dict[str, float] = {}
+            for name, layers in stacks.items():
+                calls = list(zip(layers, xs, strict=True))
+                for graph in (False, True):
+                    mode = "graph" if graph else "eager"
+                    us = _time(lambda calls=calls: [f(x) for f, x in calls], graph)
+                    speedup = base.setdefault(mode, us) / us  # nn.Linear comes first
+                    rows.append(dict(method=name, dtype=dt_name, m=m, mode=mode, us=us, speedup=speedup))
+                    print(f"{dt_name} M={m} {mode:5} {name:14} {us:9.1f} us  {speedup:5.2f}x", flush=True)
+            del xs
+        del stacks, dense
+        torch.cuda.empty_cache()
+    result = {
+        "gpu": torch.cuda.get_device_name(),
+        "fmt": fmt,
+        "layers": f"{LAYERS} Llama-3-8B decoder layers, 7 projections each",
+        "torch": torch.__version__,
+        "commit": _commit(),
+        "date": time.strftime("%Y-%m-%d"),
+        "rows": rows,
+    }
+    out = Path(out_dir) / re.sub(r"[^A-Za-z0-9]+", "_", result["gpu"]).strip("_")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "stack.json").write_text(json.dumps(result, indent=1))
+    (out / "stack.md").write_text(markdown(result))
+    print(markdown(result))
+    return result
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """Speedup over nn.Linear of the same dtype and mode, a row per method × dtype × mode, M across."""
+    rows = result["rows"]
+    ms = sorted({r["m"] for r in rows})
+    head = [
+        f"# Stack: {result['layers']}, {result['fmt']} — {result['gpu']}, {result['date']}, "
+        f"commit {result['commit']}, torch {result['torch']}",
+        "",
+        "Speedup over `nn.Linear` in the same dtype and mode (time per step in µs in brackets).",
+        "",
+        "| method | dtype | mode | " + " | ".join(f"M={m}" for m in ms) + " |",
+        "|---|---|---|" + "---|" * len(ms),
+    ]
+    keys = dict.fromkeys((r["method"], r["dtype"], r["mode"]) for r in rows)
+    for key in keys:
+        cell = {r["m"]: r for r in rows if (r["method"], r["dtype"], r["mode"]) == key}
+        vals = [f"{cell[m]['speedup']:.2f}x ({cell[m]['us']:.0f})" if m in cell else "–" for m in ms]
+        head.append("| " + " | ".join(key) + " | " + " | ".join(vals) + " |")
+    return "\n".join(head) + "\n"
