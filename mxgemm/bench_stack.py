@@ -11,6 +11,7 @@ tinygemm (bf16, group 32, what torchao's int4 weight-only uses). Results go to
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import statistics
@@ -98,6 +99,41 @@ class _Tinygemm(nn.Module):
         return torch._weight_int4pack_mm(x, self.w, self.group, self.sz)
 
 
+def host_cost(fmt: str = "mxfp4", n: int = 1024, k: int = 4096, calls: int = 200) -> dict[str, float]:
+    """Wall µs per call of ``calls`` back-to-back eager calls at M=1 on an ``[n, k]`` layer (small
+    enough that the GPU keeps up, so this is the host path): nn.Linear, `mxgemm.linear`, MxLinear."""
+    import mxgemm
+
+    dev = torch.device("cuda")
+    out = {}
+    for dt in (torch.float16, torch.bfloat16):
+        lin = nn.Linear(k, n, bias=False, device=dev, dtype=dt)
+        mx = mxgemm.MxLinear.from_linear(lin, fmt, a_dtype=dt)
+        x = torch.randn(1, k, device=dev, dtype=dt)
+        fns = {
+            "nn.Linear": lin,
+            "mxgemm.linear": functools.partial(mxgemm.linear, w=mx.weight),
+            "MxLinear": mx,
+        }
+        for name, fn in fns.items():
+            out[f"{name} {str(dt).removeprefix('torch.')}"] = _per_call(fn, x, calls)
+    return out
+
+
+def _per_call(fn, x: torch.Tensor, calls: int) -> float:
+    """Best of ``REPEATS`` wall µs per call of ``calls`` back-to-back ``fn(x)``, the GPU drained."""
+    fn(x)
+    best = float("inf")
+    for _ in range(REPEATS):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn(x)
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
 def run(fmt: str = "mxfp4", ms=MS, dtypes=DTYPES, out_dir: str | Path = "benchmarks/results") -> dict:
     """Measure the stack: nn.Linear, MxLinear (and peers) × eager/graph × dtype × M; write results."""
     import mxgemm
@@ -105,6 +141,9 @@ def run(fmt: str = "mxfp4", ms=MS, dtypes=DTYPES, out_dir: str | Path = "benchma
 
     dev = torch.device("cuda")
     torch.manual_seed(0)
+    host = host_cost(fmt)
+    for name, us in host.items():
+        print(f"host cost per call, {name}: {us:.1f} us", flush=True)
     rows = []
     for dt_name in dtypes:
         dt = getattr(torch, dt_name)
@@ -137,6 +176,7 @@ def run(fmt: str = "mxfp4", ms=MS, dtypes=DTYPES, out_dir: str | Path = "benchma
         "torch": torch.__version__,
         "commit": _commit(),
         "date": time.strftime("%Y-%m-%d"),
+        "host_us": host,
         "rows": rows,
     }
     out = Path(out_dir) / re.sub(r"[^A-Za-z0-9]+", "_", result["gpu"]).strip("_")
@@ -165,4 +205,8 @@ def markdown(result: dict[str, Any]) -> str:
         cell = {r["m"]: r for r in rows if (r["method"], r["dtype"], r["mode"]) == key}
         vals = [f"{cell[m]['speedup']:.2f}x ({cell[m]['us']:.0f})" if m in cell else "–" for m in ms]
         head.append("| " + " | ".join(key) + " | " + " | ".join(vals) + " |")
+    host = result.get("host_us", {})
+    if host:
+        head += ["", "Host cost per eager call (200 back-to-back calls, 1024×4096, M=1, µs):", ""]
+        head += [f"- {name}: {us:.1f}" for name, us in host.items()]
     return "\n".join(head) + "\n"
