@@ -15,13 +15,14 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch import nn
 
-from mxgemm.config import MxConfig
+from mxgemm import shards
+from mxgemm.config import QUANT_METHOD, MxConfig
 from mxgemm.module import MxLinear, _set_submodule
 
 BLOCKS, SCALES = ".weight_blocks", ".weight_scales"
+SINGLE_FILE, INDEX = "model.safetensors", "model.safetensors.index.json"
 
 
 class CheckpointError(ValueError):
@@ -32,14 +33,19 @@ def read_config(path: str | Path) -> tuple[dict, MxConfig]:
     """(config.json as a dict, its MxConfig) of a quantized model directory."""
     cfg_path = Path(path) / "config.json"
     try:
-        cfg = json.loads(cfg_path.read_text())
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise CheckpointError(f"cannot read {cfg_path}: {e}") from e
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{cfg_path} holds {type(cfg).__name__}, expected a JSON object")
     if "quantization_config" not in cfg:
         raise CheckpointError(f"{cfg_path} has no quantization_config: not an mxgemm-packed model")
+    qc = cfg["quantization_config"]
+    if not isinstance(qc, dict):
+        raise CheckpointError(f"{cfg_path}: quantization_config is {qc!r}, expected a JSON object")
     try:
-        return cfg, MxConfig.from_dict(cfg["quantization_config"])
-    except ValueError as e:
+        return cfg, MxConfig.from_dict(qc)
+    except (ValueError, TypeError, KeyError) as e:
         raise CheckpointError(f"{cfg_path}: {e}") from e
 
 
@@ -48,18 +54,59 @@ def save_quantized(model: nn.Module, path: str | Path, config: MxConfig) -> None
 
     config.json is the model's own (``model.config.to_dict()`` for Hugging Face models, if any) with
     ``quantization_config`` added; it is written last, so its presence marks a complete checkpoint.
+    ``path`` is new, empty, or holds an earlier mxgemm checkpoint, which the save replaces whole (its
+    index and shards are removed). Anything else that holds a checkpoint or config.json (say, the
+    full-precision model) is refused with a :class:`CheckpointError` before anything is written.
     """
     path = Path(path)
+    old = _owned_files(path)
     path.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(
-        _unshare(tensors), str(path / "model.safetensors"), metadata={"format": "pt", "mxgemm_layout": "1"}
-    )
+    shards.write(_unshare(tensors), path / SINGLE_FILE, shards.metadata(config))
+    for f in old:
+        if f.name != SINGLE_FILE:
+            f.unlink(missing_ok=True)
     cfg = model.config.to_dict() if hasattr(getattr(model, "config", None), "to_dict") else {}
     cfg["quantization_config"] = config.to_dict()
     tmp = path / ".config.json.tmp"
     tmp.write_text(json.dumps(cfg, indent=2, default=str))
     os.replace(tmp, path / "config.json")
+
+
+def _owned_files(path: Path) -> list[Path]:
+    """The checkpoint files of an earlier mxgemm save or pack in ``path`` (its index, the shards the
+    index names, model.safetensors), which a new save replaces; [] for a new or checkpoint-free
+    directory. Raises CheckpointError if ``path`` holds a checkpoint or config.json mxgemm did not write."""
+    if not path.exists():
+        return []
+    if not path.is_dir():
+        raise CheckpointError(f"cannot save into {path}: it exists and is not a directory")
+    weights = sorted(
+        p.name for p in path.iterdir() if p.name.endswith((".safetensors", ".safetensors.index.json"))
+    )
+    cfg = path / "config.json"
+    if not cfg.exists() and not weights:
+        return []
+    try:
+        qc = json.loads(cfg.read_text(encoding="utf-8")).get("quantization_config")
+        ours = isinstance(qc, dict) and qc.get("quant_method") == QUANT_METHOD
+    except (OSError, ValueError, AttributeError):
+        ours = False
+    if not ours:
+        found = ", ".join(([cfg.name] if cfg.exists() else []) + weights)
+        raise CheckpointError(
+            f"cannot save into {path}: it holds a checkpoint mxgemm did not write ({found}); "
+            "save into a new or empty directory"
+        )
+    owned = [path / SINGLE_FILE, path / INDEX]
+    index = path / INDEX
+    if index.exists():
+        try:
+            names = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values()
+        except (OSError, ValueError, AttributeError):
+            names = []
+        owned += [path / n for n in set(names) if shards.plain_name(n)]
+    return [f for f in owned if f.exists()]
 
 
 def _unshare(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -74,13 +121,21 @@ def _unshare(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _tensor_files(path: Path) -> dict[str, Path]:
-    """tensor name → the safetensors file holding it (index.json if present, else every *.safetensors)."""
-    index = path / "model.safetensors.index.json"
+    """tensor name → the safetensors file holding it (index.json if present, else every *.safetensors).
+    An index may name only plain ``*.safetensors`` file names inside ``path``."""
+    index = path / INDEX
     if index.exists():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError) as e:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
             raise CheckpointError(f"cannot read {index}: {e}") from e
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: weight_map is {type(weight_map).__name__}, expected an object")
+        bad = [f for f in weight_map.values() if not shards.plain_name(f)]
+        if bad:
+            raise CheckpointError(
+                f"{index} names shard {bad[0]!r}: a shard must be a *.safetensors file name inside {path}"
+            )
         return {name: path / fname for name, fname in weight_map.items()}
     files = sorted(path.glob("*.safetensors"))
     if not files:
@@ -93,11 +148,13 @@ def _tensor_files(path: Path) -> dict[str, Path]:
 
 
 def _open(file: Path):
-    if not file.exists():
+    if not file.is_file():
         raise CheckpointError(f"missing checkpoint file {file}")
+    if (why := shards.link_problem(file.parent, file)) is not None:
+        raise CheckpointError(why)
     try:
         return safe_open(str(file), framework="pt")
-    except (SafetensorError, OSError) as e:
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"corrupt or unreadable safetensors file {file}: {e}") from e
 
 
@@ -147,9 +204,11 @@ def load_quantized(model: nn.Module, path: str | Path, device: torch.device | st
             file = files[name]
             if file not in handles:
                 handles[file] = _open(file)
+                if (why := shards.check_metadata(file, handles[file].metadata(), config)) is not None:
+                    raise CheckpointError(why)
             try:
                 t = handles[file].get_tensor(name)
-            except (SafetensorError, OSError, RuntimeError) as e:
+            except (SafetensorError, OSError, RuntimeError, ValueError) as e:
                 raise CheckpointError(f"cannot read tensor {name!r} from {file}: {e}") from e
             if tuple(t.shape) != tuple(target.shape):
                 raise CheckpointError(

@@ -135,6 +135,25 @@ class MxLinear(nn.Module):
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected, errors
     ):
         key = prefix + "weight_blocks"
+        want = {key: (self.out_features, packing.packed_len(self.in_features, self._bits))}
+        want[prefix + "weight_scales"] = tuple(self.weight_scales.shape)
+        bad = {}
+        for name, shape in want.items():
+            t = state_dict.get(name)
+            if t is None:
+                continue
+            if t.dtype != torch.uint8:
+                bad[name] = (
+                    f"dtype mismatch for {name}: the checkpoint has {t.dtype}, the model holds torch.uint8"
+                )
+            elif tuple(t.shape) != shape:
+                bad[name] = (
+                    f"size mismatch for {name}: copying a param with shape {tuple(t.shape)} from checkpoint, "
+                    f"the shape in current model is {shape}."
+                )
+        if bad:  # torch would cast floats to uint8 and broadcast misshaped codes: refuse instead
+            errors.extend(bad.values())
+            state_dict = {k: v for k, v in state_dict.items() if k not in bad}
         if self._plane_names != ["weight_blocks"]:
             if key in state_dict:
                 self.load_blocks(state_dict[key])
@@ -144,6 +163,7 @@ class MxLinear(nn.Module):
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected, errors
         )
+        missing_keys[:] = [k for k in missing_keys if k not in bad]  # reported as mismatches
 
     @property
     def weight(self) -> MxWeight:

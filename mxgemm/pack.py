@@ -10,7 +10,8 @@ is false. It becomes the uint8 tensors ``<module>.weight_blocks`` and ``<module>
 (:class:`~mxgemm.weight.MxWeight` ``blocks``/``scales``, ``shared/DESIGN.md`` §1); every other tensor is
 copied unchanged.
 
-Output: one shard per input shard (same file names, safetensors metadata :data:`SHARD_METADATA`),
+Output: one shard per input shard (same file names, safetensors metadata :func:`mxgemm.shards.metadata`;
+byte-reproducible),
 ``model.safetensors.index.json``, every other file and folder of the source, and ``config.json`` with
 ``quantization_config`` (:meth:`MxConfig.to_dict`). Shards are read tensor by tensor and written to a
 temporary file, then renamed into place. A manifest (:data:`MANIFEST`) records the configuration and
@@ -33,10 +34,10 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from tqdm import tqdm
 
-from mxgemm.config import LAYOUT_VERSION, QUANT_METHOD, MxConfig
+from mxgemm import shards
+from mxgemm.config import QUANT_METHOD, MxConfig
 from mxgemm.metrics import sqnr_db
 from mxgemm.reference import dequantize, quantize
 
@@ -45,7 +46,6 @@ INDEX = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 MANIFEST = ".mxgemm-pack.json"
 MANIFEST_VERSION = 1
-SHARD_METADATA = {"format": "pt", "mxgemm_layout": str(LAYOUT_VERSION)}
 FLOAT_DTYPES = ("F32", "F16", "BF16")  # safetensors dtype names of the weights pack quantizes
 EMBEDDING_NAMES = ("wte", "wpe", "shared")
 # Top-level source entries not copied: VCS / download caches, and full-precision weights in other
@@ -59,7 +59,7 @@ REPLACED_WEIGHTS = (
     "tf_model*.h5",
     "flax_model*.msgpack",
 )
-_TMP_SUFFIX = ".mxgemm-tmp"
+_TMP_SUFFIX = shards.TMP_SUFFIX
 _MAX_HEADER = 100_000_000  # bytes; safetensors' own limit
 
 
@@ -139,7 +139,7 @@ class _Source:
     dir: Path
     config: dict[str, Any]
     shards: dict[str, dict[str, TensorInfo]]  # shard file name -> its tensors
-    copied: list[str]  # other top-level entries, copied unchanged
+    copied: list[str]  # other files and folders (relative paths, folders first), copied unchanged
     replaced: list[str]  # top-level full-precision weight files not copied
 
 
@@ -224,13 +224,31 @@ def pack(
 
 
 def _copy_others(source: _Source, out: Path) -> None:
-    """Copy the source's other files and folders (tokenizer, pooling config, ...) into ``out``."""
-    for name in source.copied:
-        s = source.dir / name
+    """Copy the source's other files and folders (tokenizer, pooling config, ...) into ``out`` as
+    regular files and folders, never writing through a link found in ``out``."""
+    for rel in source.copied:
+        s, d = source.dir / rel, out / rel
+        if d.is_symlink():
+            raise PackError(f"{d} is a symbolic link: pack writes only regular files inside {out}")
         if s.is_dir():
-            shutil.copytree(s, out / name, dirs_exist_ok=True, copy_function=_copy_file)
+            d.mkdir(exist_ok=True)
         else:
-            _copy_file(s, out / name)
+            _copy_file(s, d)
+
+
+def _walk(root: Path, path: Path, seen: frozenset[Path] = frozenset()) -> list[str]:
+    """``path`` and, for a folder, everything below it, as paths relative to ``root``, folders before
+    their contents; raises PackError on a link :func:`mxgemm.shards.link_problem` refuses or a cycle."""
+    if (why := shards.link_problem(root, path)) is not None:
+        raise PackError(why)
+    out = [str(path.relative_to(root))]
+    if path.is_dir():
+        real = path.resolve()
+        if real in seen:
+            raise PackError(f"{path} is a link to one of its own parent folders ({real})")
+        for child in sorted(path.iterdir()):
+            out += _walk(root, child, seen | {real})
+    return out
 
 
 def _write_index(out: Path, shards: list[str]) -> int:
@@ -264,6 +282,9 @@ def _quantizes(name: str, info: TensorInfo, config: MxConfig) -> bool:
 
 def _read_source(src: Path) -> _Source:
     cfg_path = src / CONFIG
+    for p in (cfg_path, src / INDEX):
+        if p.exists() and (why := shards.link_problem(src, p)) is not None:
+            raise PackError(why)
     cfg = _load_json(cfg_path, "model config")
     qc = cfg.get("quantization_config")
     if qc is not None:
@@ -296,11 +317,13 @@ def _read_source(src: Path) -> _Source:
         hint = f" (found {', '.join(found)}: a sharded checkpoint needs its index)" if found else ""
         raise PackError(f"no {SINGLE_FILE} or {INDEX} in {src}{hint}; pack reads safetensors checkpoints")
 
-    shards: dict[str, dict[str, TensorInfo]] = {}
+    tensors: dict[str, dict[str, TensorInfo]] = {}
     seen: dict[str, str] = {}
     for n in names:
-        shards[n] = _read_header(src / n)
-        for t in shards[n]:
+        if (why := shards.link_problem(src, src / n)) is not None:
+            raise PackError(why)
+        tensors[n] = _read_header(src / n)
+        for t in tensors[n]:
             if t in seen:
                 raise PackError(f"tensor {t} is in both {src / seen[t]} and {src / n}")
             seen[t] = n
@@ -312,8 +335,8 @@ def _read_source(src: Path) -> _Source:
         if p.is_file() and any(p.match(pat) for pat in REPLACED_WEIGHTS):
             replaced.append(p.name)
         else:
-            copied.append(p.name)
-    return _Source(src, cfg, shards, copied, replaced)
+            copied += _walk(src, p)
+    return _Source(src, cfg, tensors, copied, replaced)
 
 
 def _check_names(source: _Source, config: MxConfig) -> list[str]:
@@ -399,13 +422,7 @@ def _pack_shard(
             else:
                 out[name] = w
             bar.update()
-    tmp = dst.with_name(dst.name + _TMP_SUFFIX)
-    try:
-        save_file(out, str(tmp), metadata=SHARD_METADATA)
-        shutil.copymode(src, tmp)  # safetensors creates files private (0600)
-        os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
+    shards.write(out, dst, shards.metadata(config), mode_of=src)
     return rows
 
 
@@ -457,6 +474,7 @@ def _write_json(path: Path, obj: dict[str, Any]) -> None:
 def _copy_file(src: str | os.PathLike, dst: str | os.PathLike) -> str:
     """``shutil.copy2`` through a temporary file, so a rerun replaces a read-only or half-copied file."""
     tmp = Path(dst).with_name(Path(dst).name + _TMP_SUFFIX)
+    tmp.unlink(missing_ok=True)  # never write through a link planted under the temporary name
     shutil.copy2(src, tmp)
     os.replace(tmp, dst)
     return str(dst)

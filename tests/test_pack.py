@@ -21,9 +21,10 @@ import mxgemm
 from mxgemm import cli
 from mxgemm.config import MxConfig
 from mxgemm.metrics import sqnr_db
-from mxgemm.pack import INDEX, MANIFEST, SHARD_METADATA, PackError, pack
+from mxgemm.pack import INDEX, MANIFEST, PackError, pack
 
 pack_module = importlib.import_module("mxgemm.pack")  # the module, whatever `mxgemm.pack` is bound to
+shards_module = importlib.import_module("mxgemm.shards")
 
 SHARD1, SHARD2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
 
@@ -92,7 +93,13 @@ def _check_pack(src: Path, out: Path, cfg: MxConfig, report: pack_module.PackRep
     assert sorted(p.name for p in out.glob("*.safetensors")) == src_shards
     for shard in src_shards:
         with safe_open(str(out / shard), framework="pt") as f:
-            assert f.metadata() == SHARD_METADATA
+            assert f.metadata() == {
+                "format": "pt",
+                "mxgemm_layout": "1",
+                "mxgemm_fmt": cfg.fmt,
+                "mxgemm_block_size": str(cfg.block_size),
+                "mxgemm_scale_mode": cfg.scale_mode,
+            }
     index = json.loads((out / INDEX).read_text())
     assert index["metadata"]["total_size"] == report.output_bytes
     assert set(index["weight_map"]) == set(packed)
@@ -239,7 +246,7 @@ def test_resume_after_interruption(tmp_path, monkeypatch):
     reference = _pack_quiet(src, tmp_path / "ref", cfg)
 
     out = tmp_path / "out"
-    real_save = pack_module.save_file
+    real_save = shards_module.save_file
     written = []
 
     def crash_on_second_shard(tensors, filename, metadata=None):
@@ -249,10 +256,10 @@ def test_resume_after_interruption(tmp_path, monkeypatch):
             raise RuntimeError("simulated crash while writing")
         real_save(tensors, filename, metadata=metadata)
 
-    monkeypatch.setattr(pack_module, "save_file", crash_on_second_shard)
+    monkeypatch.setattr(shards_module, "save_file", crash_on_second_shard)
     with pytest.raises(RuntimeError, match="simulated crash"):
         _pack_quiet(src, out, cfg)
-    monkeypatch.setattr(pack_module, "save_file", real_save)
+    monkeypatch.setattr(shards_module, "save_file", real_save)
     # Half-written: the first shard and the manifest; no second shard, index, config or temp file.
     assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST, SHARD1])
     first = (out / SHARD1).stat().st_mtime_ns
