@@ -170,6 +170,26 @@ def test_checkpoint_errors_name_the_tensor(tmp_path):
         load_quantized(Net(), tmp_path)
 
 
+@pytest.mark.parametrize("fmt", ["mxfp6_e3m2", "bfp3", "bfp7", "mxfp4", "mxfp8_e4m3"])
+def test_load_state_dict_rejects_misshaped_or_float_codes_naming_the_key(fmt):
+    src = MxLinear.from_linear(nn.Linear(64, 96), fmt)
+    good = src.state_dict()
+    m = MxLinear(64, 96, fmt=fmt)
+    cases = {
+        "weight_blocks": (good["weight_blocks"][:1].clone(), r"size mismatch for weight_blocks: .*\(1, "),
+        "weight_scales": (good["weight_scales"].float() + 3.7, "dtype mismatch for weight_scales: .*float32"),
+    }
+    cases["weight_blocks_float"] = (good["weight_blocks"].float(), "dtype mismatch for weight_blocks")
+    for case, (bad, msg) in cases.items():
+        key = case.removesuffix("_float")
+        held = m.state_dict()[key].clone()
+        with pytest.raises(RuntimeError, match=msg):
+            m.load_state_dict({**good, key: bad})
+        assert torch.equal(m.state_dict()[key], held)  # not cast, not broadcast
+    m.load_state_dict(good)
+    assert all(torch.equal(v, good[k]) for k, v in m.state_dict().items())
+
+
 def test_compile_fullgraph_no_graph_break():
     net = Net()
     with pytest.warns(UserWarning):

@@ -390,6 +390,67 @@ def test_error_unrelated_nonempty_output(tmp_path):
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
 
 
+def test_pack_is_byte_reproducible(tmp_path):
+    src = _make_sharded(tmp_path / "src")
+    for run in "abcd":  # safetensors orders metadata keys at random: equal by chance at most 1 in 64
+        _pack_quiet(src, tmp_path / run, MxConfig("mxfp6_e2m3"))
+        assert _digest(tmp_path / run) == _digest(tmp_path / "a")
+
+
+def test_resume_never_writes_through_a_link_planted_in_out(tmp_path, monkeypatch):
+    src = _make_sharded(tmp_path / "src")
+    out, victim = tmp_path / "out", tmp_path / "victim"
+    victim.mkdir()
+    real_copy = pack_module._copy_others
+
+    def crash(source, out):
+        raise RuntimeError("simulated crash")
+
+    monkeypatch.setattr(pack_module, "_copy_others", crash)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _pack_quiet(src, out, MxConfig("mxfp4"))
+    monkeypatch.setattr(pack_module, "_copy_others", real_copy)
+    (out / "extras").symlink_to(victim, target_is_directory=True)  # planted before the resume
+    with pytest.raises(PackError, match="extras is a symbolic link"):
+        _pack_quiet(src, out, MxConfig("mxfp4"))
+    assert list(victim.iterdir()) == []
+
+
+def test_source_links_inside_the_model_dir_or_hf_cache_are_followed_others_refused(tmp_path, monkeypatch):
+    hub = tmp_path / "hf-home" / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    monkeypatch.setitem(
+        sys.modules, "huggingface_hub", None
+    )  # the env var rule, whether or not it is installed
+    # A Hugging Face snapshot: every file a link into the hub's blob store.
+    real = _make_sharded(tmp_path / "real")
+    blobs, snap = hub / "models--toy" / "blobs", hub / "models--toy" / "snapshots" / "abc"
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for p in real.rglob("*"):
+        if p.is_file():
+            blob = blobs / hashlib.sha256(str(p).encode()).hexdigest()
+            blob.write_bytes(p.read_bytes())
+            (snap / p.relative_to(real)).parent.mkdir(parents=True, exist_ok=True)
+            (snap / p.relative_to(real)).symlink_to(blob)
+    (snap / "extras-alias").symlink_to(snap / "extras", target_is_directory=True)  # inside the model dir
+    out = tmp_path / "out"
+    _pack_quiet(snap, out, MxConfig("mxfp4"))
+    assert not any(p.is_symlink() for p in out.rglob("*"))
+    assert (out / "extras-alias" / "notes.txt").read_text() == "copied as is\n"
+    assert (out / "tokenizer.json").read_text() == '{"toy": true}'
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not yours")
+    for link, target in (("tokenizer.json", secret), ("etc", tmp_path)):
+        src = _make_sharded(tmp_path / f"src-{link}")
+        (src / link).unlink(missing_ok=True)
+        (src / link).symlink_to(target)
+        with pytest.raises(PackError, match=f"{link} is a symbolic link to .*outside the model directory"):
+            _pack_quiet(src, tmp_path / f"out-{link}", MxConfig("mxfp4"))
+        assert not (tmp_path / f"out-{link}").exists()
+
+
 # -- CLI ---------------------------------------------------------------------------------------------
 
 
