@@ -180,6 +180,8 @@ class MxLinear(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_floating_point():
+            raise TypeError(f"MxLinear: expected a floating-point input, got {x.dtype}")
         if x.shape[-1] != self.in_features:
             raise ValueError(f"MxLinear: expected input [..., {self.in_features}], got {list(x.shape)}")
         y = ops.dispatch(

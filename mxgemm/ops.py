@@ -98,14 +98,17 @@ def check_fp16_range(q: MxWeight) -> None:
 def _check_fp16_once(
     planes: list[torch.Tensor], scales: torch.Tensor, fmt: str, block_size: int, n: int, k: int
 ):
-    """:func:`check_fp16_range`, done once per (scales, planes) version."""
+    """:func:`check_fp16_range`, done once per weight: memoized on the first code plane, keyed by
+    everything the result depends on (each plane and the scales, by identity and version, and the
+    format), so a new weight that shares a tensor with a checked one is checked again."""
 
     def check():
         blocks = layout.from_planes(planes, formats.get(fmt).bits)
         check_fp16_range(MxWeight(blocks, scales, fmt, block_size, (n, k)))
         return True
 
-    _memo(scales, "_mxgemm_fp16_ok", (scales._version, *(p._version for p in planes)), check)
+    key = (fmt, block_size, *((id(t), t.data_ptr(), t._version) for t in (scales, *planes)))
+    _memo(planes[0], "_mxgemm_fp16_ok", key, check)
 
 
 def _planes(blocks: torch.Tensor, bits: int) -> list[torch.Tensor]:
@@ -162,6 +165,9 @@ def _forward(
     layout (uint8 ``[n, k*w/8]`` each, :func:`mxgemm.layout.to_planes`); scales: uint8 ``[n, k/block]``;
     bias: ``x.dtype [n]`` or None. Returns ``x.dtype [..., n]``. The body of the custom op
     ``mxgemm::linear``, and what eager calls run without it (:func:`dispatch`)."""
+    if n == 0 or k == 0:  # an empty product (as F.linear): no kernel to build
+        y = x.new_zeros(*x.shape[:-1], n)
+        return y if bias is None else y + bias
     flat = x.dim() == 2
     x2 = x if flat and x.is_contiguous() else x.reshape(-1, k).contiguous()
     m = x2.shape[0]

@@ -294,6 +294,36 @@ def test_fp16_overflow_is_an_error_that_suggests_bf16():
     _check(x, q, None, mxgemm.linear(x, q))
 
 
+@pytest.mark.parametrize(("n", "k"), [(0, 64), (64, 0), (0, 0)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_empty_shapes_give_what_f_linear_gives(n, k, bias):
+    q = mxgemm.quantize(torch.randn(n, k), "mxfp4")
+    x = torch.randn(3, 2, k, dtype=torch.bfloat16)
+    b = torch.randn(n, dtype=torch.bfloat16) if bias else None
+    want = torch.nn.functional.linear(x, mxgemm.dequantize(q, torch.bfloat16), b)
+    got = mxgemm.linear(x, q, b)
+    assert got.shape == want.shape == (3, 2, n) and got.dtype == torch.bfloat16
+    assert torch.equal(got, want)
+    layer = mxgemm.MxLinear(k, n, bias, a_dtype="bfloat16")
+    assert torch.equal(
+        layer(x), torch.nn.functional.linear(x, mxgemm.dequantize(layer.weight, torch.bfloat16), layer.bias)
+    )
+    with pytest.raises(TypeError, match="floating-point input, got torch.int64"):
+        layer(torch.ones(3, k, dtype=torch.int64))
+
+
+def test_fp16_range_check_is_not_skipped_for_a_weight_sharing_checked_scales():
+    q = mxgemm.quantize(torch.randn(N, K) * 1e6, "mxfp8_e4m3")
+    x = torch.randn(1, K, dtype=torch.float16)
+    zero = dataclasses.replace(q, blocks=torch.zeros_like(q.blocks))  # same scales, decodes to 0: in range
+    assert torch.equal(mxgemm.linear(x, zero), torch.zeros(1, N, dtype=torch.float16))
+    with pytest.raises(ValueError, match="beyond float16's range"):
+        mxgemm.linear(x, dataclasses.replace(zero, blocks=q.blocks.clone()))
+    zero.blocks.copy_(q.blocks)  # the checked weight changed in place
+    with pytest.raises(ValueError, match="beyond float16's range"):
+        mxgemm.linear(x, zero)
+
+
 @pytest.mark.gpu
 def test_device_mismatch():
     q = _weights("mxfp4", N, K)
