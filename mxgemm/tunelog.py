@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 import tempfile
 import warnings
@@ -56,16 +57,41 @@ class Record(Key):
     versions: dict[str, str | None] = field(default_factory=dict, hash=False)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Record:
-        known = set(cls.__dataclass_fields__)
+    def from_dict(cls, d: Any) -> Record:
+        """The record a JSON object describes; ValueError naming the first field of the wrong kind."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a record is a JSON object, got {type(d).__name__}")
         missing = [f for f in (*KEY_FIELDS, "rule") if f not in d]
         if missing:
             raise ValueError(f"missing field(s) {', '.join(missing)}")
-        return cls(**{k: v for k, v in d.items() if k in known})
+        for name, ok in _FIELD_CHECKS.items():
+            if name in d and not ok(d[name]):
+                raise ValueError(f"field {name} is {d[name]!r}")
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+_FIELD_CHECKS = {  # what each field must hold: a NaN, negative or string time would win every lookup
+    "fmt": lambda v: isinstance(v, str),
+    "n": _count,
+    "k": _count,
+    "m_bucket": lambda v: v is None or _count(v),
+    "a_dtype": lambda v: v in ("float16", "bfloat16"),
+    "arch": lambda v: isinstance(v, str),
+    "rule": lambda v: isinstance(v, str),
+    "config": lambda v: isinstance(v, dict),
+    "us": lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0,
+    "gpu": lambda v: isinstance(v, str),
+    "versions": lambda v: isinstance(v, dict),
+}
 
 
 def read(path: str | Path) -> list[Record]:
-    """Records of a JSON-lines log; unreadable files and corrupt lines are skipped with a warning."""
+    """Records of a JSON-lines log; unreadable files and corrupt lines (not a record, a field of the wrong
+    kind, hints outside their rule's space) are skipped with a warning."""
     path = Path(path)
     if not path.exists():
         return []
@@ -74,12 +100,17 @@ def read(path: str | Path) -> list[Record]:
     except (OSError, UnicodeDecodeError) as e:
         warnings.warn(f"tune log {path} is unreadable ({e}); ignored", stacklevel=2)
         return []
+    from mxgemm.rules import hints_problem
+
     out = []
     for no, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            out.append(Record.from_dict(json.loads(line)))
+            r = Record.from_dict(json.loads(line))
+            if (why := hints_problem(r.rule, r.config)) is not None:
+                raise ValueError(why)
+            out.append(r)
         except (ValueError, TypeError) as e:
             warnings.warn(f"tune log {path}:{no} is corrupt ({e}); line ignored", stacklevel=2)
     return out

@@ -1,5 +1,6 @@
 """Tune logs: read/write/merge, version skipping, corruption handling (CPU)."""
 
+import json
 import logging
 
 import pytest
@@ -19,9 +20,9 @@ def rec(us, versions=V1, n=4096, rule="gemv", **config):
 
 def test_merge_keeps_the_fastest_per_key_and_round_trips(tmp_path):
     p = tmp_path / "sm_90.json"
-    tunelog.merge(p, [rec(20.0, tx=32), rec(30.0, n=8192)], V1)
-    merged = tunelog.merge(p, [rec(15.0, tx=64), rec(40.0, n=8192)], V1)
-    assert [(r.n, r.us, r.config) for r in merged] == [(4096, 15.0, {"tx": 64}), (8192, 30.0, {})]
+    tunelog.merge(p, [rec(20.0, rows=2), rec(30.0, n=8192)], V1)
+    merged = tunelog.merge(p, [rec(15.0, rows=8), rec(40.0, n=8192)], V1)
+    assert [(r.n, r.us, r.config) for r in merged] == [(4096, 15.0, {"rows": 8}), (8192, 30.0, {})]
     assert tunelog.read(p) == merged
     assert not list(tmp_path.glob(".sm_90.json.*"))  # the temp file was renamed into place
 
@@ -36,13 +37,13 @@ def test_current_versions_replace_old_ones_even_if_slower(tmp_path):
 def test_lookup_skips_other_versions_and_prefers_the_fastest(tmp_path, caplog):
     shipped, user = tmp_path / "shipped.json", tmp_path / "user.json"
     tunelog.merge(shipped, [rec(20.0)], V1)
-    tunelog.merge(user, [rec(18.0, rule="other")], V1)
-    key = rec(0).key()
-    assert tunelog.lookup(key, V1, [shipped, user]).rule == "other"
+    tunelog.merge(user, [rec(18.0, rule="mma", nt=2)], V1)
+    key = rec(1).key()
+    assert tunelog.lookup(key, V1, [shipped, user]).rule == "mma"
     with caplog.at_level(logging.DEBUG, logger="mxgemm.tunelog"):
         assert tunelog.lookup(key, V2, [shipped, user]) is None
     assert "skipped" in caplog.text
-    assert tunelog.lookup(rec(0, n=1).key(), V1, [shipped, user]) is None  # missing: default hints
+    assert tunelog.lookup(rec(1, n=1).key(), V1, [shipped, user]) is None  # missing: default hints
 
 
 def test_corrupt_lines_and_files_are_warnings_not_errors(tmp_path):
@@ -88,3 +89,36 @@ def test_rule_versions_follow_only_the_rules_own_sources(tmp_path, monkeypatch):
         assert tunelog.rule_versions("gemv", v)["rule"] != before
     finally:
         tunelog._rule_digest.cache_clear()
+
+
+def _line(r: Record, **change) -> str:
+    from dataclasses import asdict
+
+    return json.dumps({**asdict(r), **change}, allow_nan=True)
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"rule": None}, "field rule"),
+        ({"rule": ["cpu"]}, "field rule"),
+        ({"rule": "fastest"}, "no rule 'fastest'"),
+        ({"us": "fast"}, "field us"),
+        ({"us": float("nan")}, "field us"),
+        ({"us": -1.0}, "field us"),
+        ({"n": "4096"}, "field n"),
+        ({"config": {"rows": 3}}, "gemv hints"),
+        ({"config": {"nonsense": 1}}, "gemv hints"),
+        ({"config": [1]}, "field config"),
+    ],
+)
+def test_a_bad_record_is_skipped_with_one_warning_and_never_hides_a_good_one(tmp_path, change, why):
+    """A bad user record faster than the shipped one must not win, crash the lookup, or hide it."""
+    shipped, user = tmp_path / "shipped.json", tmp_path / "user.json"
+    good = rec(20.0, rows=2)
+    tunelog.merge(shipped, [good], V1)
+    user.write_text(_line(rec(1.0, rows=8), **change) + "\n" + json.dumps("a string line") + "\n")
+    with pytest.warns(UserWarning) as w:
+        found = tunelog.lookup(good.key(), V1, [shipped, user])
+    assert found == good
+    assert len(w) == 2 and why in str(w[0].message) and "a record is a JSON object" in str(w[1].message)

@@ -97,6 +97,23 @@ def schedule_decode(func: tirx.PrimFunc, target: dict[str, Any]) -> tuple[str, A
     return "unscheduled", tvm.IRModule({"main": func})
 
 
+def hints_problem(rule: str, config: dict[str, Any]) -> str | None:
+    """Why ``config`` is not a hint set of ``rule`` (as a tune record names them), or None."""
+    from mxgemm.rules import gemv, mma, tensorcore
+
+    kinds = {"mma": mma.Hints, "gemv": gemv.Hints, "tensorcore": tensorcore.Hints}
+    if rule == "cpu":
+        ok = set(config) <= {"n_tile"} and config.get("n_tile", 1) in cpu.N_TILES
+        return None if ok else f"cpu hints out of range: {config}"
+    if rule not in kinds:
+        return f"no rule {rule!r} (tunable rules: cpu, {', '.join(kinds)})"
+    try:
+        kinds[rule](**config)
+    except (TypeError, ValueError) as e:
+        return f"{rule} hints {config}: {e}"
+    return None
+
+
 def _tuned(kind: Callable, hints: dict[str, Any] | None, quiet: bool = False) -> list:
     """``[kind(**hints)]``, or ``[]`` when there are none or they do not fit ``kind`` (logged unless
     ``quiet``)."""
