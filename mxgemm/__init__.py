@@ -1,26 +1,48 @@
-"""mxgemm: mixed-precision GEMM kernels for OCP MX and block-floating-point weights, built with TVM."""
+"""mxgemm: mixed-precision GEMM kernels for OCP MX and block-floating-point weights, built with TVM.
+
+The public names are imported on first use, so ``import mxgemm`` (and ``mxgemm --help``) loads neither
+torch nor TVM until something needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-from mxgemm import formats  # noqa: E402
-from mxgemm.checkpoint import from_pretrained, load_quantized, save_quantized  # noqa: E402
-from mxgemm.codegen.build import Kernel, build  # noqa: E402
-from mxgemm.config import MxConfig  # noqa: E402
-from mxgemm.layout import transform_weight  # noqa: E402
-from mxgemm.module import MxLinear, quantize_  # noqa: E402
-from mxgemm.ops import linear  # noqa: E402
-from mxgemm.reference import dequantize, quantize  # noqa: E402
-from mxgemm.weight import MxWeight  # noqa: E402
-
-
-def prim_func(*args, **kwargs):
-    """See :func:`mxgemm.codegen.prim_func.prim_func` (imported on first use: TVM takes ~3 s to import)."""
-    from mxgemm.codegen.prim_func import prim_func as _prim_func
-
-    return _prim_func(*args, **kwargs)
-
+_PUBLIC = {  # name -> module that defines it
+    "CheckpointError": "mxgemm.checkpoint",
+    "Kernel": "mxgemm.codegen.build",
+    "MxConfig": "mxgemm.config",
+    "MxLinear": "mxgemm.module",
+    "MxWeight": "mxgemm.weight",
+    "build": "mxgemm.codegen.build",
+    "dequantize": "mxgemm.reference",
+    "from_pretrained": "mxgemm.checkpoint",
+    "linear": "mxgemm.ops",
+    "load_quantized": "mxgemm.checkpoint",
+    "prim_func": "mxgemm.codegen.prim_func",
+    "quantize": "mxgemm.reference",
+    "quantize_": "mxgemm.module",
+    "save_quantized": "mxgemm.checkpoint",
+    "transform_weight": "mxgemm.layout",
+}
+_SUBMODULES = (
+    "bench",
+    "checkpoint",
+    "codegen",
+    "config",
+    "demo",
+    "formats",
+    "layout",
+    "module",
+    "ops",
+    "pack",
+)
 
 __all__ = [
+    "CheckpointError",
     "Kernel",
     "MxConfig",
     "MxLinear",
@@ -37,3 +59,18 @@ __all__ = [
     "save_quantized",
     "transform_weight",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"mxgemm.{name}")
+    else:
+        raise AttributeError(f"module 'mxgemm' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC, *_SUBMODULES})

@@ -17,7 +17,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from mxgemm import shards
+from mxgemm import shards, system
 from mxgemm.config import QUANT_METHOD, MxConfig
 from mxgemm.module import MxLinear, _set_submodule
 
@@ -164,6 +164,7 @@ def load_quantized(model: nn.Module, path: str | Path, device: torch.device | st
     Every ``nn.Linear`` whose weight the checkpoint holds as ``_blocks``/``_scales`` becomes an
     :class:`MxLinear`; all tensors are then loaded and checked. Returns ``model`` on ``device``.
     """
+    device = system.check_device(device)
     path = Path(path)
     _, config = read_config(path)
     files = _tensor_files(path)
@@ -233,6 +234,7 @@ def from_pretrained(
     """A Hugging Face model from an mxgemm-packed directory (needs ``transformers``)."""
     import transformers
 
+    system.check_device(device)
     path = Path(path)
     read_config(path)
     hf_config = transformers.AutoConfig.from_pretrained(str(path))

@@ -1,4 +1,7 @@
-"""The `mxgemm` command line: `info`, `demo` (the main job), `pack`, `bench`."""
+"""The `mxgemm` command line: `info`, `demo` (the main job), `pack`, `bench`, `tune`.
+
+torch and TVM are imported by the commands that need them, so ``--help`` answers at once.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +9,16 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 import mxgemm
-from mxgemm import system
-from mxgemm.config import A_DTYPES, MxConfig
-from mxgemm.reference import ROUNDINGS
-from mxgemm.scales import SCALE_MODES
+from mxgemm import formats
+from mxgemm.options import A_DTYPE_NAMES, ROUNDINGS, SCALE_MODES
 
 
 def _info(_: argparse.Namespace) -> int:
+    import torch
+
+    from mxgemm import system
+
     rows = [("mxgemm", mxgemm.__version__)]
     try:
         rows += [(f"tvm {k}", v) for k, v in system.tvm_info().items()]
@@ -26,7 +29,7 @@ def _info(_: argparse.Namespace) -> int:
         ("torch CUDA", torch.version.cuda or "none (CPU build)"),
         ("nvcc", system.nvcc_version() or "not found (CUDA kernels need nvcc; CPU kernels still work)"),
         ("GPUs", ", ".join(system.gpus()) or "none visible"),
-        ("formats", ", ".join(mxgemm.formats.names())),
+        ("formats", ", ".join(formats.names())),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
@@ -42,6 +45,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _pack(args: argparse.Namespace) -> int:
+    from mxgemm.config import MxConfig
     from mxgemm.pack import PackError, pack
 
     try:
@@ -52,6 +56,7 @@ def _pack(args: argparse.Namespace) -> int:
             rounding=args.rounding,
             a_dtype=args.a_dtype,
             modules_to_not_convert=[*MxConfig().modules_to_not_convert, *args.skip],
+            seed=args.seed,
         )
     except ValueError as e:
         print(f"mxgemm pack: error: {e}", file=sys.stderr)
@@ -71,6 +76,8 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    import torch
+
     from mxgemm import bench
 
     shapes = tuple(_ints(s) for s in args.shapes) if args.shapes else bench.SHAPES
@@ -112,6 +119,8 @@ def _tune(args: argparse.Namespace) -> int:
     import os
     import tempfile
 
+    import torch
+
     from mxgemm import tune, tunelog
 
     try:
@@ -124,7 +133,7 @@ def _tune(args: argparse.Namespace) -> int:
         shapes = tune.model_shapes(args.model) if args.model else [_ints(s) for s in args.shapes or []]
         if not shapes:
             raise tune.TuneError("give --model MODEL_DIR or --shapes N,K ...")
-        fmts = args.format.split(",") if args.format else list(mxgemm.formats.names())
+        fmts = args.format.split(",") if args.format else list(formats.names())
         if args.arch == "llvm":
             from mxgemm.codegen import build as builder
             from mxgemm.codegen import target as targets
@@ -137,7 +146,7 @@ def _tune(args: argparse.Namespace) -> int:
             )
         todo, notes = tune.tasks(shapes, fmts, _ints(args.m), args.a_dtype, args.arch)
         for note in notes:
-            print(f"skipped {note}")
+            print(f"note: {note}")
         log = Path(args.log) if args.log else tunelog.user_log(args.arch)
         todo = tune.pending(todo, log)
         print(f"{len(todo)} task(s) to tune ({len(shapes)} shape(s) x {len(fmts)} format(s)); log {log}")
@@ -204,16 +213,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODEL_DIR",
         help="HF model dir: config.json + model.safetensors or shards + index",
     )
-    k.add_argument("--format", required=True, choices=mxgemm.formats.names(), help="element format")
+    k.add_argument("--format", required=True, choices=formats.names(), help="element format")
     k.add_argument("--block-size", type=int, default=None, help="elements per scale (default: the format's)")
     k.add_argument("--scale-mode", default="floor", choices=SCALE_MODES, help="shared exponent rule")
+    k.add_argument("--rounding", default="even", choices=ROUNDINGS, help="element rounding")
     k.add_argument(
-        "--rounding",
-        default="even",
-        choices=[r for r in ROUNDINGS if r != "stochastic"],
-        help="element rounding",
+        "--seed", type=int, default=None, help="random seed of --rounding stochastic (required there)"
     )
-    k.add_argument("--a-dtype", default="bfloat16", choices=list(A_DTYPES), help="activation dtype")
+    k.add_argument("--a-dtype", default="bfloat16", choices=A_DTYPE_NAMES, help="activation dtype")
     k.add_argument(
         "--skip",
         nargs="+",
@@ -232,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--formats", help="comma list of formats (default mxfp4,mxfp6_e2m3,mxfp8_e4m3,mxint8,bfp8)"
     )
-    b.add_argument("--a-dtype", default="float16", choices=("float16", "bfloat16"))
+    b.add_argument("--a-dtype", default="float16", choices=A_DTYPE_NAMES)
     b.add_argument("--out", default="benchmarks/results", help="results root (a folder per GPU below it)")
     b.add_argument("--no-emulated", action="store_true", help="skip the dequantize + F.linear baseline")
     b.add_argument("--build-only", action="store_true", help="only build the kernels (no GPU needed)")
@@ -255,12 +262,21 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--shapes", nargs="+", help="N,K pairs")
     t.add_argument("--format", help="comma list of formats (default: all)")
     t.add_argument("--m", default=",".join(map(str, (1, 16, 64, 256, 1024, 4096))), help="comma list of M")
-    t.add_argument("--arch", default="sm_90", help="sm_80, sm_90, ... or llvm (this CPU)")
-    t.add_argument("--a-dtype", default="float16", choices=("float16", "bfloat16"))
+    t.add_argument(
+        "--arch",
+        default="sm_90",
+        help="sm_80, sm_90, ... or llvm (this CPU; CPU kernels serve every M, so --m folds into one task)",
+    )
+    t.add_argument("--a-dtype", default="float16", choices=A_DTYPE_NAMES)
     t.add_argument(
         "--budget", type=_budget, default=(8, None), help="candidates per task (8) or seconds (60s)"
     )
-    t.add_argument("--log", help="tune log to merge into (default: the user log of the arch)")
+    t.add_argument(
+        "--log",
+        help="tune log to merge into (default: the arch's user log, $MXGEMM_TUNE_LOG or "
+        "<user data dir>/mxgemm/tune_logs/ARCH.json, which every later build on this machine reads; "
+        "give --log FILE to keep the results apart)",
+    )
     t.add_argument("--jobs", type=int, default=2, help="parallel builds")
     t.add_argument("--table", help="also write the tuned-vs-default markdown table here")
     step = t.add_mutually_exclusive_group()

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
 from mxgemm import formats, scales
-from mxgemm.reference import ROUNDINGS
+from mxgemm.options import A_DTYPE_NAMES, ROUNDINGS
 
 QUANT_METHOD = "mxgemm"
 LAYOUT_VERSION = 1  # the portable layout of mxgemm.packing; bump when it changes
-A_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+A_DTYPES = {name: getattr(torch, name) for name in A_DTYPE_NAMES}
 
 
 @dataclass
@@ -25,6 +26,7 @@ class MxConfig:
         scale_mode: ``"floor"`` or ``"rceil"``. rounding: see :func:`mxgemm.quantize`.
         a_dtype: activation dtype the kernels run in, ``"float16"`` or ``"bfloat16"``.
         modules_to_not_convert: module names (or name suffixes) left in full precision.
+        seed: random seed of ``rounding="stochastic"`` (required there; see :meth:`generator`).
     """
 
     fmt: str = "mxfp4"
@@ -33,6 +35,7 @@ class MxConfig:
     rounding: str = "even"
     a_dtype: str = "bfloat16"
     modules_to_not_convert: list[str] = field(default_factory=lambda: ["lm_head"])
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         f = formats.get(self.fmt)
@@ -40,8 +43,10 @@ class MxConfig:
         scales.check_scale_mode(self.scale_mode)
         if self.rounding not in ROUNDINGS:
             raise ValueError(f"rounding must be one of {ROUNDINGS}, got {self.rounding!r}")
-        if self.rounding == "stochastic":
-            raise ValueError("rounding='stochastic' is for training-time experiments, not model packing")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
+        if self.rounding == "stochastic" and self.seed is None:
+            raise ValueError("rounding='stochastic' needs a seed (MxConfig(seed=...), mxgemm pack --seed N)")
         self.a_dtype = str(self.a_dtype).removeprefix("torch.")
         if self.a_dtype not in A_DTYPES:
             raise ValueError(f"a_dtype must be one of {tuple(A_DTYPES)}, got {self.a_dtype!r}")
@@ -61,6 +66,16 @@ class MxConfig:
         """Whether ``module_name`` is listed (exactly, or as a dotted suffix) in modules_to_not_convert."""
         return any(module_name == m or module_name.endswith("." + m) for m in self.modules_to_not_convert)
 
+    def generator(self, name: str, device: torch.device | str = "cpu") -> torch.Generator | None:
+        """The random source for stochastic rounding of tensor ``name`` (on ``device``), seeded from
+        ``seed`` and the name, so every layer draws its own numbers and a resumed pack gives the same
+        bytes; None for the deterministic roundings."""
+        if self.rounding != "stochastic":
+            return None
+        return torch.Generator(device=device).manual_seed(
+            ((self.seed << 32) ^ zlib.crc32(name.encode())) % 2**64
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """The ``quantization_config`` entry of config.json."""
         return {"quant_method": QUANT_METHOD, "layout_version": LAYOUT_VERSION, **asdict(self)}
@@ -77,5 +92,5 @@ class MxConfig:
                 f"quantization_config.layout_version is {d.get('layout_version')!r}; this mxgemm reads "
                 f"{LAYOUT_VERSION}: repack the model with this version"
             )
-        known = {"fmt", "block_size", "scale_mode", "rounding", "a_dtype", "modules_to_not_convert"}
+        known = {"fmt", "block_size", "scale_mode", "rounding", "a_dtype", "modules_to_not_convert", "seed"}
         return cls(**{k: v for k, v in d.items() if k in known})

@@ -2,7 +2,7 @@
 
 A format holds everything about its elements: width, exponent/mantissa split, range, how a value on
 its grid encodes to a code and how a code decodes to a value (torch, exact), and how a code decodes
-inside a generated kernel (TensorIR, see :meth:`Format.tir_decode`). The shared E8M0 scale is common
+inside a generated kernel (TensorIR, :mod:`mxgemm.codegen.decode`). The shared E8M0 scale is common
 to all formats and lives in :mod:`mxgemm.scales`.
 
 Semantics follow OCP MX v1.0 and microsoft/microxcaling (see ``shared/DESIGN.md`` §1):
@@ -23,10 +23,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-import torch
-
 if TYPE_CHECKING:  # pragma: no cover
-    from tvm.tirx import PrimExpr
+    import torch
 
 MX_BLOCK_SIZE = 32
 BLOCK_SIZES = tuple(2**i for i in range(3, 9))  # 8 .. 256
@@ -90,13 +88,10 @@ class Format:
         ):
             object.__setattr__(self, name, value)
 
-    @property
-    def family(self) -> str:
-        """``"mx"`` or ``"bfp"``."""
-        return "bfp" if self.name.startswith("bfp") else "mx"
-
     def grid(self) -> torch.Tensor:
         """All finite non-negative element values, ascending, float64."""
+        import torch
+
         values = self.decode(torch.arange(2 ** (self.bits - 1), dtype=torch.uint8))
         return values[torch.isfinite(values)].to(torch.float64)
 
@@ -104,6 +99,8 @@ class Format:
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """uint8 codes (any shape, low ``bits`` bits used) → float32 element values, exact."""
+        import torch
+
         table = _decode_table_on(self, codes.device)
         return table[codes.to(torch.int64) & (2**self.bits - 1)]
 
@@ -112,6 +109,8 @@ class Format:
 
         The sign of zero is kept for float formats (``-0.0`` → sign bit set), as ml_dtypes does.
         """
+        import torch
+
         if self.kind == "int":
             q = torch.round(values.to(torch.float64) * 2 ** (self.bits - 2)).to(torch.int32)
             return (q & (2**self.bits - 1)).to(torch.uint8)
@@ -120,23 +119,12 @@ class Format:
         mag = torch.searchsorted(grid, values.abs()).to(torch.int32)
         return (mag | (torch.signbit(values).to(torch.int32) << (self.bits - 1))).to(torch.uint8)
 
-    # ---- TensorIR decode ------------------------------------------------------------------------
-
-    def tir_decode(self, code: PrimExpr, dtype: str) -> PrimExpr:
-        """TensorIR expression: a ``bits``-wide code (uint32 PrimExpr) → element value in ``dtype``.
-
-        One expression (no let-bindings) so schedules can inline it into the matmul's operand load.
-        Codes that are NaN/inf in the element format (never produced by :func:`mxgemm.quantize`)
-        decode as finite values here.
-        """
-        from mxgemm.codegen.decode import element_expr  # noqa: PLC0415 (TVM is heavy)
-
-        return element_expr(self, code, dtype)
-
 
 @functools.cache
 def _decode_table(fmt: Format) -> torch.Tensor:
     """float32 ``[2**bits]``: the value of every code, from the format's fields."""
+    import torch
+
     c = torch.arange(2**fmt.bits, dtype=torch.int32)
     if fmt.kind == "int":
         signed = torch.where(c >= 2 ** (fmt.bits - 1), c - 2**fmt.bits, c)

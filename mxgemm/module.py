@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from mxgemm import formats, layout, ops, packing
+from mxgemm import formats, layout, ops, packing, system
 from mxgemm.config import MxConfig
 from mxgemm.reference import quantize
 from mxgemm.weight import MxWeight
@@ -44,6 +44,7 @@ class MxLinear(nn.Module):
         device: torch.device | str | None = None,
     ):
         super().__init__()
+        device = system.check_device(device)
         cfg = MxConfig(fmt, block_size, scale_mode, rounding, str(a_dtype).removeprefix("torch."), [])
         f = formats.get(fmt)
         if in_features % cfg.block_size:
@@ -83,8 +84,10 @@ class MxLinear(nn.Module):
         a_dtype: torch.dtype | str = torch.float16,
         scale_mode: str = "floor",
         rounding: str = "even",
+        generator: torch.Generator | None = None,
     ) -> MxLinear:
-        """Quantize an ``nn.Linear``'s weight (reference quantization) into a new MxLinear on its device."""
+        """Quantize an ``nn.Linear``'s weight (reference quantization) into a new MxLinear on its device
+        (``generator``: the random source of ``rounding="stochastic"``, on that device)."""
         w = linear.weight.detach()
         m = cls(
             linear.in_features,
@@ -97,7 +100,10 @@ class MxLinear(nn.Module):
             rounding=rounding,
             device=w.device,
         )
-        m.load_weight(quantize(w, fmt, block_size=m.block_size, scale_mode=scale_mode, rounding=rounding))
+        q = quantize(
+            w, fmt, block_size=m.block_size, scale_mode=scale_mode, rounding=rounding, generator=generator
+        )
+        m.load_weight(q)
         if linear.bias is not None:
             m.bias.copy_(linear.bias.detach())
         return m
@@ -249,6 +255,7 @@ def quantize_(
                     a_dtype=config.a_dtype,
                     scale_mode=config.scale_mode,
                     rounding=config.rounding,
+                    generator=config.generator(f"{name}.weight", mod.weight.device),
                 )
             except ValueError as e:
                 raise ValueError(f"quantize_: layer {name!r}: {e}") from None

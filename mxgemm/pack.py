@@ -415,6 +415,7 @@ def _pack_shard(
                     block_size=config.block_size,
                     scale_mode=config.scale_mode,
                     rounding=config.rounding,
+                    generator=config.generator(name),
                 )
                 out[f"{name}_blocks"], out[f"{name}_scales"] = q.blocks, q.scales
                 module = linear_module(name, info, config)

@@ -1,6 +1,6 @@
 """Reference quantization to MX/BFP and back, in torch (CPU or CUDA): the oracle for every kernel.
 
-Semantics (OCP MX v1.0, microxcaling; ``shared/DESIGN.md`` §1):
+Semantics (OCP MX v1.0, microxcaling):
 
 1. ``x`` is split into blocks of ``block_size`` consecutive elements along its last axis.
 2. Each block gets a shared exponent ``s`` (E8M0 code ``s + 127``) from its max magnitude ``amax``:
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import torch
 
-from mxgemm import formats, packing, scales
+from mxgemm import formats, options, packing, scales
 from mxgemm.weight import MxWeight
 
-ROUNDINGS = ("even", "away", "zero", "up", "down", "stochastic")
+ROUNDINGS = options.ROUNDINGS
 _CPU_CHUNK = 32768
 INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import torch
 
+from mxgemm import options
 from mxgemm.formats import Format
 
-SCALE_MODES = ("floor", "rceil")
+SCALE_MODES = options.SCALE_MODES
 E8M0_BIAS = 127
 E8M0_NAN = 255
 MIN_EXP, MAX_EXP = -127, 127

@@ -49,3 +49,18 @@ def gpus() -> list[str]:
         major, minor = torch.cuda.get_device_capability(i)
         out.append(f"{torch.cuda.get_device_name(i)} (sm_{major}{minor})")
     return out
+
+
+def check_device(device: torch.device | str | None) -> torch.device | None:
+    """``device`` as a torch.device, or ValueError when it names CUDA and this torch cannot reach one
+    (a CPU build, or no GPU visible): one clear error instead of torch's assertion deep in a load."""
+    if device is None:
+        return None
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        why = "is a CPU build" if torch.version.cuda is None else "sees no CUDA GPU"
+        raise ValueError(
+            f"device={str(device)!r}, but this torch ({torch.__version__}) {why}: use device='cpu', or "
+            "device='cuda' if torch.cuda.is_available() else 'cpu'"
+        )
+    return dev

@@ -1,6 +1,6 @@
 """`mxgemm tune`: offline autotuning of the schedule rules' hints; the winners go to a tune log.
 
-Three steps, which one box runs back to back or two boxes split (``shared/DESIGN.md`` §3):
+Three steps, which one box runs back to back or two boxes split:
 
 1. build (any machine with nvcc): per task — (format, N, K, M bucket, activation dtype, arch) — the
    rule's candidate hints, ranked by a simple cost model, top ``budget`` plus the defaults, are built
@@ -74,6 +74,11 @@ def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[s
 
     cuda = not arch.startswith("llvm")
     out, notes = [], []
+    if not cuda and len(set(ms)) > 1:
+        notes.append(
+            f"M={','.join(map(str, ms))} on {arch}: one task per shape, since a CPU kernel serves every M "
+            "(one dynamic-M kernel, no M buckets)"
+        )
     for fmt in fmts:
         f = formats.get(fmt)
         for n, k in shapes:
@@ -86,7 +91,7 @@ def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[s
                     op == "decode" or not rules.rule_for(fmt, n, k, bucket, a_dtype, f.block_size, tgt)
                 ):
                     path = "decode + cuBLAS" if op == "decode" else "dlight"
-                    notes.append(f"{n},{k} M={m}: {path}, no hints to tune")
+                    notes.append(f"{n},{k} M={m}: {path}, no hints to tune: skipped")
                     continue
                 out.append(Task(fmt, n, k, bucket, a_dtype, arch))
     return list(dict.fromkeys(out)), list(dict.fromkeys(notes))
@@ -281,9 +286,14 @@ def summary(records: list[tunelog.Record]) -> str:
         hints = " ".join(f"{k}={v}" for k, v in b.config.items())
         gain = d.us / b.us
         rows.append(
-            f"| {d.fmt} | {d.n} | {d.k} | {d.m_bucket} | {d.us:.1f} | {b.us:.1f} | {gain:.2f}x | {hints} |"
+            f"| {d.fmt} | {d.n} | {d.k} | {_bucket(d.m_bucket)} | {d.us:.1f} | {b.us:.1f} | {gain:.2f}x "
+            f"| {hints} |"
         )
     return "\n".join(rows)
+
+
+def _bucket(m_bucket: int | None) -> str:
+    return "any M (CPU: one dynamic-M kernel)" if m_bucket is None else f"≤ {m_bucket}"
 
 
 def pending(todo: list[Task], log_path: Path) -> list[Task]:

@@ -190,6 +190,20 @@ def test_load_state_dict_rejects_misshaped_or_float_codes_naming_the_key(fmt):
     assert all(torch.equal(v, good[k]) for k, v in m.state_dict().items())
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_cuda_without_cuda_is_one_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="device='cuda', but this torch .* use device='cpu'"):
+        MxLinear(64, 32, device="cuda")
+    net = Net()
+    with pytest.warns(UserWarning):
+        quantize_(net, MxConfig("mxfp4"))
+    save_quantized(net, tmp_path, MxConfig("mxfp4"))
+    with pytest.raises(ValueError, match="device='cuda:0', but this torch"):
+        load_quantized(Net(), tmp_path, device="cuda:0")
+    with pytest.raises(ValueError, match="device='cuda', but this torch"):
+        mxgemm.from_pretrained(tmp_path, device="cuda")
+
+
 def test_compile_fullgraph_no_graph_break():
     net = Net()
     with pytest.warns(UserWarning):

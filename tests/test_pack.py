@@ -460,6 +460,34 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+def test_stochastic_rounding_packs_reproducibly_with_a_seed(tmp_path):
+    src = _make_sharded(tmp_path / "src")
+    digests = []
+    for run, seed in (("a", 7), ("b", 7), ("c", 8)):
+        proc = _cli(
+            str(src),
+            "--format",
+            "mxfp4",
+            "--rounding",
+            "stochastic",
+            "--seed",
+            str(seed),
+            "-o",
+            str(tmp_path / run),
+        )
+        assert proc.returncode == 0, proc.stderr
+        digests.append(_digest(tmp_path / run))
+    assert digests[0] == digests[1] and digests[0] != digests[2]
+    qc = json.loads((tmp_path / "a" / "config.json").read_text())["quantization_config"]
+    assert qc["rounding"] == "stochastic" and qc["seed"] == 7
+    even = _tensors(_pack_quiet(src, tmp_path / "even", MxConfig("mxfp4")).out_dir)
+    sto = _tensors(tmp_path / "a")
+    name = "model.layers.0.q_proj.weight_blocks"
+    assert not torch.equal(even[name], sto[name])  # it did round stochastically
+    no_seed = _cli(str(src), "--format", "mxfp4", "--rounding", "stochastic", "-o", str(tmp_path / "d"))
+    assert no_seed.returncode == 2 and "needs a seed" in no_seed.stderr and not (tmp_path / "d").exists()
+
+
 def test_cli_end_to_end(tmp_path):
     src = _make_sharded(tmp_path / "src")
     out = tmp_path / "out"

@@ -39,11 +39,13 @@ def test_model_shapes_from_config(tmp_path):
 def test_tasks_cover_the_tunable_buckets(cpu_arch):
     todo, notes = tune.tasks([(4096, 4096)], ["mxfp4"], (1, 2, 4, 16, 4096), "float16", "sm_90")
     assert [t.m_bucket for t in todo] == [1, 4, 16]  # what `mxgemm.linear` runs: the mma rule
-    assert notes == ["4096,4096 M=4096: decode + cuBLAS, no hints to tune"]
+    assert notes == ["4096,4096 M=4096: decode + cuBLAS, no hints to tune: skipped"]
     bf16, notes = tune.tasks([(4096, 4096)], ["mxfp4"], (16,), "bfloat16", "sm_90")
-    assert bf16 == [] and notes == ["4096,4096 M=16: decode + cuBLAS, no hints to tune"]
-    cpu_tasks, _ = tune.tasks([(64, 256)], ["mxfp4"], (1, 4096), "float16", cpu_arch)
-    assert [t.m_bucket for t in cpu_tasks] == [None]  # one dynamic-M kernel on CPU
+    assert bf16 == [] and notes == ["4096,4096 M=16: decode + cuBLAS, no hints to tune: skipped"]
+    cpu_tasks, notes = tune.tasks([(64, 256)], ["mxfp4"], (1, 4096), "float16", cpu_arch)
+    assert [t.m_bucket for t in cpu_tasks] == [None]  # one dynamic-M kernel on CPU, and the user is told
+    assert notes == [f"M=1,4096 on {cpu_arch}: one task per shape, since a CPU kernel serves every M "
+                     "(one dynamic-M kernel, no M buckets)"]  # fmt: skip
     with pytest.raises(tune.TuneError, match="block size 32"):
         tune.tasks([(64, 100)], ["mxfp4"], (1,), "float16", "sm_90")
 

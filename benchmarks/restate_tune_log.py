@@ -1,0 +1,84 @@
+"""Keep a tune log's records across a refactor that does not change their kernels.
+
+Records carry a digest of their rule's sources (`mxgemm.tunelog.rule_versions`), so any code change to
+a rule or its inputs makes them stale. When the code change leaves every record's kernel the same,
+their digests can be restated instead of re-measuring on a GPU:
+
+    python benchmarks/restate_tune_log.py dump tune_logs/sm_90.json BEFORE_DIR   # on the old code
+    python benchmarks/restate_tune_log.py dump tune_logs/sm_90.json AFTER_DIR    # on the new code
+    python benchmarks/restate_tune_log.py restate tune_logs/sm_90.json BEFORE_DIR AFTER_DIR
+
+``dump`` writes the scheduled TensorIR (TVMScript) of every record's kernel, as `mxgemm.build` would
+schedule it with the record's hints (no nvcc, no GPU). ``restate`` rewrites the digests of the records
+whose TIR is the same in both dumps, and lists the others (their records stay stale).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+
+def _tir(rec: dict) -> tuple[str, str]:
+    from mxgemm import rules
+    from mxgemm.codegen import target as targets
+    from mxgemm.codegen.build import KernelSpec
+    from mxgemm.codegen.prim_func import prim_func
+
+    tgt = targets.resolve(rec["arch"])
+    bs = rec.get("block_size", 32)
+    spec = KernelSpec(rec["fmt"], rec["n"], rec["k"], rec["m_bucket"], rec["a_dtype"], rec["a_dtype"], False, bs, tgt)
+
+    def make(decode_dtype):
+        m = 1 if spec.m_bucket == 1 else None
+        return prim_func(
+            spec.fmt, n=spec.n, k=spec.k, m=m, a_dtype=spec.a_dtype, out_dtype=spec.out_dtype,
+            bias=False, block_size=bs, decode_dtype=decode_dtype,
+        )  # fmt: skip
+
+    rule, mod, hints = rules.schedule(make, tgt, spec, rec["config"])
+    return _name(rec), f"# rule {rule} hints {json.dumps(hints, sort_keys=True)}\n{mod.script()}"
+
+
+def _name(rec: dict) -> str:
+    key = [rec[f] for f in ("fmt", "n", "k", "m_bucket", "a_dtype", "arch")] + [rec.get("block_size", 32)]
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20]
+
+
+def dump(log: str, out: str, jobs: int | str = 2) -> None:
+    recs = [json.loads(line) for line in Path(log).read_text().splitlines() if line.strip()]
+    Path(out).mkdir(parents=True, exist_ok=True)
+    with ProcessPoolExecutor(int(jobs)) as pool:
+        for i, (name, text) in enumerate(pool.map(_tir, recs, chunksize=4)):
+            (Path(out) / f"{name}.tir").write_text(text)
+            print(f"[{i + 1}/{len(recs)}]", end="\r", flush=True)
+    print(f"dumped {len(recs)} kernels into {out}")
+
+
+def restate(log: str, before: str, after: str) -> None:
+    from mxgemm import tunelog
+    from mxgemm.codegen.build import versions
+
+    lines = [json.loads(line) for line in Path(log).read_text().splitlines() if line.strip()]
+    same, differ = 0, []
+    for rec in lines:
+        name = _name(rec)
+        a, b = Path(before) / f"{name}.tir", Path(after) / f"{name}.tir"
+        if a.exists() and b.exists() and a.read_text() == b.read_text():
+            built = {**versions({"kind": "cuda", "arch": rec["arch"]}), "nvcc": rec["versions"].get("nvcc")}
+            rec["versions"] = tunelog.rule_versions(rec["rule"], built)
+            same += 1
+        else:
+            differ.append(rec)
+    Path(log).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in lines))
+    print(f"restated {same} of {len(lines)} records; {len(differ)} differ (left stale):")
+    for rec in differ:
+        print("  ", {k: rec[k] for k in ("fmt", "n", "k", "m_bucket", "a_dtype", "rule")})
+
+
+if __name__ == "__main__":
+    cmd, *args = sys.argv[1:]
+    {"dump": dump, "restate": restate}[cmd](*args)
