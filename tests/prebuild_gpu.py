@@ -1,6 +1,6 @@
 """Build the CUDA kernels of the GPU tests here (no GPU needed) into $MXGEMM_CACHE_DIR, so a GPU box with
 only the TVM runtime can run them: ``MXGEMM_CACHE_DIR=DIR python -m tests.prebuild_gpu sm_90 [JOBS [SETS]]``
-with SETS a comma list of linear, rules, module, minilm (default: all)."""
+with SETS a comma list of linear, ops, rules, module, minilm (default: all)."""
 
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -93,8 +93,18 @@ def rule_cases(arch):
                 yield dict(fmt=fmt, n=GEMV_N, k=GEMV_K, a_dtype=dt, op="decode", target=arch)
 
 
+def ops_cases(arch):
+    """tests.test_ops's GPU dispatch test: its layers at its M."""
+    from tests.test_ops import GPU_CASES, GPU_M, K, N
+
+    for fmt, dtype in GPU_CASES:
+        dt = str(dtype).removeprefix("torch.")
+        yield build_args(GPU_M, "cuda", fmt=fmt, n=N, k=K, a_dtype=dt, bias=True, target=arch)
+
+
 SETS = {
     "linear": cases,
+    "ops": ops_cases,
     "rules": rule_cases,
     "module": module_cases,
     "minilm": minilm_cases,

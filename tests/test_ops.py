@@ -61,3 +61,35 @@ def test_compiled_equals_eager_bit_for_bit():
     with torch.no_grad():
         compiled = torch.compile(layer, fullgraph=True)
         assert torch.equal(compiled(x), layer(x))
+
+
+GPU_M = 3  # rows of the GPU dispatch test (its kernels are prebuilt by tests.prebuild_gpu, set "ops")
+GPU_CASES = [("mxfp4", torch.float16), ("mxfp4", torch.bfloat16), ("mxfp6_e2m3", torch.float16)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("fmt", "dtype"), GPU_CASES)
+def test_gpu_eager_op_compiled_and_graph_give_the_same_bits(fmt, dtype):
+    torch.manual_seed(0)
+    layer = mxgemm.MxLinear.from_linear(torch.nn.Linear(K, N), fmt, a_dtype=dtype).cuda()
+    x = torch.randn(GPU_M, K, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        eager = layer(x)
+        args = (x, layer.planes, layer.weight_scales, layer.bias, layer.fmt, layer.block_size, N, K)
+        assert torch.equal(eager, torch.ops.mxgemm.linear(*args))
+        assert torch.equal(torch.compile(layer, fullgraph=True)(x), eager)
+        side = torch.cuda.Stream()  # eager calls on a side stream run there (tvm-ffi takes torch's stream)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            on_side = layer(x)
+        torch.cuda.current_stream().wait_stream(side)
+        assert torch.equal(on_side, eager)
+        static_x = x.clone()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            static_y = layer(static_x)
+        x2 = torch.randn(GPU_M, K, device="cuda", dtype=dtype)
+        static_x.copy_(x2)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_y, layer(x2))

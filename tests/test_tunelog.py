@@ -122,3 +122,20 @@ def test_a_bad_record_is_skipped_with_one_warning_and_never_hides_a_good_one(tmp
         found = tunelog.lookup(good.key(), V1, [shipped, user])
     assert found == good
     assert len(w) == 2 and why in str(w[0].message) and "a record is a JSON object" in str(w[1].message)
+
+
+def test_the_shipped_log_is_current_for_this_code():
+    """Every shipped record matches this code's rule digests: a change to a rule (or its inputs) that
+    leaves its kernels' TIR unchanged must restate them (benchmarks/restate_tune_log.py), else every
+    GPU kernel silently falls back to its rule's default hints."""
+    from mxgemm.codegen.build import versions
+
+    records = tunelog.read(tunelog.shipped_log("sm_90"))
+    assert len(records) > 400
+    built = versions({"kind": "cuda", "arch": "sm_90"})
+    stale = [
+        r
+        for r in records
+        if r.versions != tunelog.rule_versions(r.rule, {**built, "nvcc": r.versions["nvcc"]})
+    ]
+    assert not stale, f"{len(stale)} stale records, e.g. {stale[0]}"
