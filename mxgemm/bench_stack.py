@@ -1,5 +1,6 @@
 """`mxgemm bench --stack`: what a user's model sees — a stack of decoder projections as `MxLinear`
-against the same stack as ``nn.Linear``, in eager mode and in a CUDA graph, fp16 and bf16, over M.
+against the same stack as ``nn.Linear``, in eager mode, in a CUDA graph and under
+``torch.compile(mode="reduce-overhead")``, fp16 and bf16, over M.
 
 The stack is two Llama-3-8B decoder layers' seven projections (q, k, v, o, gate, up, down: 14 calls a
 step, 436 M weights, 870 MB in 16 bits, so L2 holds none of it between calls). A step calls each layer
@@ -29,6 +30,7 @@ LAYERS = 2
 MS = (1, 4, 16, 64, 256, 1024)
 DTYPES = ("float16", "bfloat16")
 STEPS = 20  # eager steps per timing; graph replays per timing
+COMPILED_MS = (1, 16, 256)  # M of the torch.compile(mode="reduce-overhead") rows (each compiles anew)
 REPEATS = 5
 
 
@@ -134,6 +136,32 @@ def _per_call(fn, x: torch.Tensor, calls: int) -> float:
     return best
 
 
+class _Step(nn.Module):
+    """The stack as one module: each layer on its own input."""
+
+    def __init__(self, layers: list[nn.Module]):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [f(x) for f, x in zip(self.layers, xs, strict=True)]
+
+
+def _compiled(layers: list[nn.Module], xs: list[torch.Tensor]):
+    """A step of the stack under ``torch.compile(mode="reduce-overhead", fullgraph=True)`` (inductor
+    with CUDA graphs: what users run to cut host time), compiled and recorded before it is timed."""
+    step = torch.compile(_Step(layers), mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        for _ in range(3):
+            step(xs)
+
+    def run():
+        with torch.no_grad():
+            return step(xs)
+
+    return run
+
+
 def run(fmt: str = "mxfp4", ms=MS, dtypes=DTYPES, out_dir: str | Path = "benchmarks/results") -> dict:
     """Measure the stack: nn.Linear, MxLinear (and peers) × eager/graph × dtype × M; write results."""
     import mxgemm
@@ -160,9 +188,12 @@ def run(fmt: str = "mxfp4", ms=MS, dtypes=DTYPES, out_dir: str | Path = "benchma
             base: dict[str, float] = {}
             for name, layers in stacks.items():
                 calls = list(zip(layers, xs, strict=True))
-                for graph in (False, True):
-                    mode = "graph" if graph else "eager"
-                    us = _time(lambda calls=calls: [f(x) for f, x in calls], graph)
+                modes = {"eager": (lambda calls=calls: [f(x) for f, x in calls], False)}
+                modes["graph"] = (modes["eager"][0], True)
+                if m in COMPILED_MS and name != "tinygemm_int4":
+                    modes["compiled"] = (_compiled(layers, xs), False)
+                for mode, (step, graph) in modes.items():
+                    us = _time(step, graph)
                     speedup = base.setdefault(mode, us) / us  # nn.Linear comes first
                     rows.append(dict(method=name, dtype=dt_name, m=m, mode=mode, us=us, speedup=speedup))
                     print(f"{dt_name} M={m} {mode:5} {name:14} {us:9.1f} us  {speedup:5.2f}x", flush=True)

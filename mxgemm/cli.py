@@ -80,6 +80,8 @@ def _bench(args: argparse.Namespace) -> int:
 
     from mxgemm import bench
 
+    if args.stack:
+        return _bench_stack(args)
     shapes = tuple(_ints(s) for s in args.shapes) if args.shapes else bench.SHAPES
     fmts = tuple(args.formats.split(",")) if args.formats else bench.FORMATS
     ms = _ints(args.m) if args.m else bench.MS
@@ -102,6 +104,23 @@ def _bench(args: argparse.Namespace) -> int:
         emulated=not args.no_emulated,
         compare_default=args.compare_default,
     )
+    return 0
+
+
+def _bench_stack(args: argparse.Namespace) -> int:
+    import torch
+
+    from mxgemm import bench, bench_stack
+
+    fmt = args.formats.split(",")[0] if args.formats else "mxfp4"
+    ms = _ints(args.m) if args.m else bench_stack.MS
+    if args.build_only:
+        bench.build_only(bench_stack.build_specs(fmt, args.arch, ms), jobs=args.jobs)
+        return 0
+    if not torch.cuda.is_available():
+        print("mxgemm bench: error: needs a CUDA GPU (--build-only builds its kernels here)", file=sys.stderr)
+        return 2
+    bench_stack.run(fmt, ms, out_dir=args.out)
     return 0
 
 
@@ -247,6 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--compare-default",
         action="store_true",
         help="also time the kernels with the rules' default hints (mxgemm_default rows): the tuning gain",
+    )
+    b.add_argument(
+        "--stack",
+        action="store_true",
+        help="time what a model sees instead: two Llama-3-8B layers' projections as MxLinear vs nn.Linear, "
+        "eager / CUDA graph / torch.compile, fp16 and bf16 (first of --formats, default mxfp4)",
     )
     b.add_argument("--arch", default="sm_90", help="arch for --build-only")
     b.add_argument("--jobs", type=int, default=2, help="parallel builds for --build-only")
