@@ -39,7 +39,7 @@ def _tir(rec: dict) -> tuple[str, str]:
             bias=False, block_size=bs, decode_dtype=decode_dtype,
         )  # fmt: skip
 
-    rule, mod, hints = rules.schedule(make, tgt, spec, rec["config"])
+    rule, mod, hints = rules.schedule(make, tgt, spec, rec["config"], rec["rule"])
     return _name(rec), f"# rule {rule} hints {json.dumps(hints, sort_keys=True)}\n{mod.script()}"
 
 

@@ -119,6 +119,17 @@ def candidates(task: Task, budget: int) -> list[dict[str, Any]]:
     return [h.to_dict() for h in [d for d in (default,) if d is not None] + rest][: max(1, budget)]
 
 
+def rule_of(task: Task) -> str:
+    """The name of the rule whose hints :func:`candidates` gives for ``task`` (the router's)."""
+    if task.arch.startswith("llvm"):
+        return "cpu"
+    from mxgemm import rules
+
+    f = formats.get(task.fmt)
+    rule = rules.rule_for(task.fmt, task.n, task.k, task.m_bucket, task.a_dtype, f.block_size, task.target())
+    return rule.__name__.rsplit(".", maxsplit=1)[-1]
+
+
 # ---- step 1: build ---------------------------------------------------------------------------------
 
 
@@ -128,7 +139,7 @@ def _build_one(item: tuple[Task, dict[str, Any]]) -> dict[str, Any] | None:
     try:
         kern = builder.build(
             task.fmt, n=task.n, k=task.k, m_bucket=task.m_bucket, a_dtype=task.a_dtype, target=task.target(),
-            hints=hints,
+            hints=hints, rule=rule_of(task),
         )  # fmt: skip
     except Exception as e:  # noqa: BLE001 (a candidate the compiler rejects is skipped, not fatal)
         log.warning("candidate %s for %s does not build: %s", hints, task, str(e).strip().splitlines()[-1])

@@ -37,6 +37,7 @@ def rule_kernel(rule: str, fmt: str, dtype: str, bias: bool, m: int, arch: str) 
     (``mma-regs``: the mma rule with one tile, 4 warps, 4 steps and no ring; ``mma-shared``: one tile,
     2 × 4 warps, 8 steps, a two-stage ring, activations shared by 4 warps; ``mma-pdl``: one tile, 4
     warps, 8 steps, a two-stage ring, programmatic dependent launch, the left-shift pair decode)."""
+    from mxgemm import rules
     from mxgemm.codegen import target as targets
     from mxgemm.rules import gemv, mma, tensorcore
 
@@ -55,8 +56,9 @@ def rule_kernel(rule: str, fmt: str, dtype: str, bias: bool, m: int, arch: str) 
     else:
         hints = mod.default_hints(tgt, n, k, f, bucket, f.block_size)
     return dict(
-        fmt=fmt, n=n, k=k, m_bucket=bucket, a_dtype=dtype, bias=bias, target=tgt, hints=hints.to_dict()
-    )
+        fmt=fmt, n=n, k=k, m_bucket=bucket, a_dtype=dtype, bias=bias, target=tgt, hints=hints.to_dict(),
+        rule=rules.name_of(hints),
+    )  # fmt: skip
 
 
 PDL_HINTS = dict(nt=1, kw=4, unroll=8, stages=2, kn=1, pdl=1, shl=1)  # the mma-pdl kernels

@@ -131,8 +131,9 @@ def test_cuda_compiles_every_format(fmt):
         (None, "float16", "decode", "dequant", None),
     ):
         k = mxgemm.build(
-            fmt, n=256, k=2048, m_bucket=m_bucket, a_dtype=dtype, target="sm_90", op=op, hints=hints
-        )
+            fmt, n=256, k=2048, m_bucket=m_bucket, a_dtype=dtype, target="sm_90", op=op, hints=hints,
+            rule=rule if hints else None,
+        )  # fmt: skip
         data = k.path.read_bytes()
         assert nvcc.FATBIN_MAGIC in data and b"__global__" not in data
         assert "__global__" in k.source
@@ -153,7 +154,13 @@ def test_cuda_rules_by_bucket():
         "a_shared": False,
     }  # N=256: a warp a block
     tuned = mxgemm.build(
-        "mxfp4", n=256, k=1024, m_bucket=4, target="sm_90", hints={"rows": 2, "load_bytes": 8, "a_vec": 4}
+        "mxfp4",
+        n=256,
+        k=1024,
+        m_bucket=4,
+        target="sm_90",
+        hints={"rows": 2, "load_bytes": 8, "a_vec": 4},
+        rule="gemv",
     )
     assert tuned.rule == "gemv" and "__launch_bounds__(64)" in tuned.source and "uint2" in tuned.source
     ragged = mxgemm.build("mxfp4", n=43, k=96, m_bucket=1, a_dtype="float16", target="sm_90")
@@ -231,14 +238,22 @@ def test_mma_hints_shape_the_kernel():
     """The mma rule's hints land in the kernel: block size (kw warps), and a tuned record that does
     not fit the shape falls back to the defaults."""
     k = mxgemm.build(
-        "mxfp6_e3m2", n=512, k=1024, m_bucket=16, target="sm_90", hints={"nt": 2, "kw": 4, "unroll": 2}
+        "mxfp6_e3m2",
+        n=512,
+        k=1024,
+        m_bucket=16,
+        target="sm_90",
+        hints={"nt": 2, "kw": 4, "unroll": 2},
+        rule="mma",
     )
     regs = {"nt": 2, "kw": 4, "unroll": 2, "stages": 0, "kn": 1, "pdl": 0, "shl": 0}
     assert k.rule == "mma" and k.info["hints"] == regs
     # unroll × nt × (16 rows: 2 n8 tiles of activations) × 2 mmas, in the pipelined loop and after it
     assert "__launch_bounds__(128)" in k.source and k.source.count("mma.sync") == 2 * (2 * 2 * 2 * 2)
     assert "cp.async" not in k.source
-    ring = mxgemm.build("mxfp6_e3m2", n=512, k=1024, m_bucket=16, target="sm_90", hints=RING_HINTS)
+    ring = mxgemm.build(
+        "mxfp6_e3m2", n=512, k=1024, m_bucket=16, target="sm_90", hints=RING_HINTS, rule="mma"
+    )
     assert ring.rule == "mma" and ring.info["hints"] == RING_HINTS
     # the ring: 16-byte copies, no block barrier but the cross-warp sum's two (it reuses the ring);
     # one loop body of unroll × nt × 2 n8 tiles × 2 mmas
@@ -248,14 +263,22 @@ def test_mma_hints_shape_the_kernel():
     # when its dynamic part alone passes 48 KB (30 tune candidates failed to launch before)
     assert "extern __shared__" in ring.source and re.search(r"^\s*__shared__", ring.source, re.M) is None
     # kn = 4: a block of 2 × 4 warps, each group of 4 meets at its own named barrier every iteration
-    shared = mxgemm.build("mxfp6_e3m2", n=512, k=1024, m_bucket=16, target="sm_90", hints=SHARED_HINTS)
+    shared = mxgemm.build(
+        "mxfp6_e3m2", n=512, k=1024, m_bucket=16, target="sm_90", hints=SHARED_HINTS, rule="mma"
+    )
     assert shared.info["hints"] == SHARED_HINTS and "__launch_bounds__(256)" in shared.source
     barrier = r"bar_sync\w*\(\(\(uint\)\(\(\(int\)threadIdx.y\) \+ 1\)\), \(uint\)128\)"  # id 1 + ty, 4 warps
     assert re.search(barrier, shared.source)
     assert "bar.warp.sync" not in shared.source and shared.source.count("__syncthreads") == 2
     assert "griddepcontrol" not in ring.source and nvcc.PDL.encode() not in ring.path.read_bytes()
     odd = mxgemm.build(
-        "mxfp6_e3m2", n=528, k=1024, m_bucket=16, target="sm_90", hints={"nt": 2, "kw": 4, "unroll": 2}
+        "mxfp6_e3m2",
+        n=528,
+        k=1024,
+        m_bucket=16,
+        target="sm_90",
+        hints={"nt": 2, "kw": 4, "unroll": 2},
+        rule="mma",
     )
     assert odd.rule == "mma" and odd.info["hints"]["nt"] == 1  # 528 = 33 tiles of 16 rows
 
@@ -269,7 +292,7 @@ def test_mma_pdl_waits_before_it_reads():
     from mxgemm.rules import mma
 
     hints = {**RING_HINTS, "pdl": 1}
-    k = mxgemm.build("mxfp4", n=512, k=1024, m_bucket=1, target="sm_90", hints=hints)
+    k = mxgemm.build("mxfp4", n=512, k=1024, m_bucket=1, target="sm_90", hints=hints, rule="mma")
     assert k.info["hints"] == hints and nvcc.PDL.encode() in k.path.read_bytes()
     body = k.source[k.source.index("__global__") :]
     calls = [
@@ -281,7 +304,7 @@ def test_mma_pdl_waits_before_it_reads():
     at = [body.find(c) for c in calls]
     assert -1 not in at and at == sorted(at), at
     assert body.count("griddepcontrol_wait()") == 1
-    old = mxgemm.build("mxfp4", n=512, k=1024, m_bucket=1, target="sm_80", hints=hints)
+    old = mxgemm.build("mxfp4", n=512, k=1024, m_bucket=1, target="sm_80", hints=hints, rule="mma")
     assert old.info["hints"]["pdl"] == 0 and "griddepcontrol" not in old.source  # the defaults
     with pytest.raises(ValueError, match="out of range"):
         mma.Hints(1, 4, 2, 0, pdl=1)

@@ -78,7 +78,9 @@ def test_candidates_deterministic_and_valid(arch, fmt, m_bucket, dtype, rule):
 def test_every_gemv_candidate_builds():
     task = tune.Task("mxfp4", 256, 2048, 4, "bfloat16", "sm_90")
     for hints in tune.candidates(task, 64):
-        k = mxgemm.build("mxfp4", n=256, k=2048, m_bucket=4, a_dtype="bfloat16", target="sm_90", hints=hints)
+        k = mxgemm.build(
+            "mxfp4", n=256, k=2048, m_bucket=4, a_dtype="bfloat16", target="sm_90", hints=hints, rule="gemv"
+        )
         assert k.rule == "gemv" and k.info["hints"] == hints
 
 
@@ -88,7 +90,7 @@ def test_every_mma_candidate_builds():
     cands = tune.candidates(task, 64)
     assert len(cands) > 20
     for hints in cands:
-        k = mxgemm.build("mxfp6_e3m2", n=256, k=2048, m_bucket=64, target="sm_90", hints=hints)
+        k = mxgemm.build("mxfp6_e3m2", n=256, k=2048, m_bucket=64, target="sm_90", hints=hints, rule="mma")
         assert k.rule == "mma" and k.info["hints"] == hints and "mma.sync" in k.source
 
 
@@ -98,7 +100,7 @@ def test_tensorcore_candidates_build():
     tgt, f = targets.cuda("sm_90"), mxgemm.formats.get("mxfp6_e2m3")
     fits = [h for h in tensorcore.candidates(256, 64, f) if tensorcore.fits(h, 256, 2048, f)]
     for h in sorted(fits, key=lambda h: tensorcore.cost(h, tgt, 256, 2048, f, 64))[:6]:
-        k = mxgemm.build("mxfp6_e2m3", n=256, k=2048, m_bucket=64, target="sm_90", hints=h.to_dict())
+        k = mxgemm.build("mxfp6_e2m3", n=256, k=2048, m_bucket=64, target="sm_90", hints=h)
         assert k.rule == "tensorcore" and k.info["hints"] == h.to_dict() and "mma_sync" in k.source
 
 
@@ -112,7 +114,7 @@ def test_tune_end_to_end_on_cpu(tmp_path, capsys, cpu_arch):
     args = ["--shapes", "64,256", "--format", "mxfp4", "--arch", cpu_arch, "--log", str(log), "--budget", "3"]
     assert _cli(*args, "--table", str(tmp_path / "t.md")) == 0
     out = capsys.readouterr().out
-    assert "1 task(s) to tune" in out and "| mxfp4 | 64 | 256 | None |" in out
+    assert "1 task(s) to tune" in out and "| mxfp4 | 64 | 256 | any M (CPU: one dynamic-M kernel) |" in out
     (rec,) = tunelog.read(log)
     assert rec.rule == "cpu" and rec.config["n_tile"] in (16, 8, 4) and rec.us > 0
     assert rec.versions == tunelog.rule_versions("cpu", builder.versions(targets.cpu()))

@@ -46,7 +46,8 @@ class KernelSpec:
     bias: bool
     block_size: int
     target: dict[str, Any] = field(hash=False)
-    schedule: str = "default"  # "default" (the rule's own hints) or the JSON of tuned hints
+    rule: str | None = None  # the rule ``hints`` belong to (None: the routing's rule, its defaults)
+    hints: dict[str, Any] = field(default_factory=dict, hash=False)  # that rule's hints, as a dict
     op: str = "linear"  # "linear": the decode-fused matmul; "decode": W alone (decode_func)
 
     def key(self) -> dict[str, Any]:
@@ -161,8 +162,7 @@ def _compile(spec: KernelSpec, out: Path) -> dict[str, Any]:
                 decode_dtype=decode_dtype,
             )
 
-        tuned = None if spec.schedule == "default" else json.loads(spec.schedule)
-        rule, mod, hints = rules.schedule(make, spec.target, spec, tuned)
+        rule, mod, hints = rules.schedule(make, spec.target, spec, spec.hints or None, spec.rule)
     if targets.is_cuda(spec.target):
         from mxgemm.codegen import nvcc
 
@@ -191,7 +191,8 @@ def build(
     bias: bool = False,
     block_size: int | None = None,
     op: str = "linear",
-    hints: dict[str, Any] | None = None,
+    hints: Any = None,
+    rule: str | None = None,
 ) -> Kernel:
     """Build (or fetch from the cache) the kernel for one layer shape and M bucket.
 
@@ -203,7 +204,10 @@ def build(
         bias: add a ``[n]`` bias in the epilogue. block_size: elements per scale (default 32).
         op: ``"linear"`` (the decode-fused matmul) or ``"decode"`` (W alone, ``a_dtype [n, k]``; no
             M bucket or bias).
-        hints: schedule hints for the rule (tuning); None uses the rule's defaults.
+        hints: schedule hints (tuning): a rule's ``Hints`` object (``mxgemm.rules.mma.Hints(...)``),
+            or a dict of them with ``rule`` naming their rule; None: the tune logs' hints for this
+            shape, else the routed rule's defaults.
+        rule: the rule (``mxgemm.rules.RULES``) that dict ``hints`` belong to.
     """
     f = formats.get(fmt)
     bs = formats.check_block_size(block_size, f)
@@ -221,10 +225,10 @@ def build(
     _check_shape(n, k, bs)
     if targets.is_cuda(tgt) and system.nvcc_version() is None:
         raise RuntimeError("CUDA kernels need nvcc on PATH (the CUDA toolkit); CPU kernels work without it")
+    rule, hints = _typed(hints, rule)
     if hints is None and op == "linear":
-        hints = tuned_hints(f.name, n, k, m_bucket, a, tgt)
-    schedule = "default" if hints is None else json.dumps(hints, sort_keys=True)
-    spec = KernelSpec(f.name, n, k, m_bucket, a, o, bias, bs, tgt, schedule, op)
+        rule, hints = tuned_hints(f.name, n, k, m_bucket, a, tgt) or (None, None)
+    spec = KernelSpec(f.name, n, k, m_bucket, a, o, bias, bs, tgt, rule, dict(hints or {}), op)
     skey = json.dumps(spec.key(), sort_keys=True, default=str)
     with _loaded_lock:
         kernel = _loaded.get(skey)
@@ -243,13 +247,32 @@ def arch_name(target: dict[str, Any]) -> str:
 
 def tuned_hints(
     fmt: str, n: int, k: int, m_bucket: int | None, a_dtype: str, target: dict[str, Any]
-) -> dict[str, Any] | None:
-    """Hints of the tune-log record (shipped log, then the user's) for this layer shape and bucket,
-    built with the current versions; None when there is none (the rule's defaults apply)."""
+) -> tuple[str, dict[str, Any]] | None:
+    """(rule, hints) of the tune-log record (shipped log, then the user's) for this layer shape and
+    bucket, built with the current versions; None when there is none (the rule's defaults apply)."""
     from mxgemm import tunelog
 
     rec = tunelog.lookup((fmt, n, k, m_bucket, a_dtype, arch_name(target)), versions(target))
-    return dict(rec.config) if rec is not None and isinstance(rec.config, dict) else None
+    return (rec.rule, dict(rec.config)) if rec is not None else None
+
+
+def _typed(hints: Any, rule: str | None) -> tuple[str | None, dict[str, Any] | None]:
+    """(rule, hints as a dict) from a rule's ``Hints`` object, or a dict with the rule named."""
+    if hints is None:
+        return rule, None
+    from mxgemm import rules
+
+    if isinstance(hints, dict):
+        if rule is None:
+            raise ValueError(
+                "hints given as a dict need rule= (the rule they belong to); or pass the rule's Hints"
+            )
+        rules.get(rule)
+        return rule, hints
+    name = rules.name_of(hints)
+    if rule is not None and rule != name:
+        raise ValueError(f"hints {hints!r} belong to rule {name!r}, not {rule!r}")
+    return name, hints.to_dict()
 
 
 def _check_shape(n: int, k: int, block_size: int) -> None:

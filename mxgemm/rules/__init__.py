@@ -1,9 +1,17 @@
-"""Schedule rules: each module holds one rule; `schedule` picks the first that applies."""
+"""Schedule rules: each module holds one rule; `schedule` picks the first that applies.
+
+The registry: :data:`RULES` names every rule, :func:`get` returns one by name. A rule's tunable knobs
+are its frozen ``Hints`` dataclass (``cpu``'s are a ``{"n_tile": t}`` dict); tune records name the
+rule their hints belong to, and :func:`schedule` hands them to that rule, typed, never guessing a rule
+from field names.
+"""
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from tvm import tirx
@@ -12,6 +20,26 @@ from mxgemm import formats
 from mxgemm.rules import cpu
 
 log = logging.getLogger(__name__)
+
+
+RULES = ("cpu", "mma", "gemv", "tensorcore", "dequant", "dlight")
+TUNABLE = ("cpu", "mma", "gemv", "tensorcore")  # rules with hints (what a tune record may name)
+
+
+def get(name: str) -> ModuleType:
+    """The rule module called ``name`` (one of :data:`RULES`; ``dlight.GEMV``-style names give dlight)."""
+    base = name.split(".", maxsplit=1)[0]
+    if base not in RULES:
+        raise ValueError(f"no schedule rule {name!r}: rules are {', '.join(RULES)}")
+    return importlib.import_module(f"mxgemm.rules.{base}")
+
+
+def name_of(hints: Any) -> str:
+    """The name of the rule whose ``Hints`` class ``hints`` is an instance of."""
+    name = type(hints).__module__.rsplit(".", maxsplit=1)[-1]
+    if name not in TUNABLE or type(hints) is not getattr(get(name), "Hints", None):
+        raise TypeError(f"{hints!r} is not a schedule rule's Hints (rules with hints: {', '.join(TUNABLE)})")
+    return name
 
 
 def rule_for(
@@ -41,34 +69,36 @@ def schedule(
     target: dict[str, Any],
     spec: Any,
     hints: dict[str, Any] | None = None,
+    rule: str | None = None,
 ) -> tuple[str, Any, dict[str, Any]]:
     """(rule name, scheduled IRModule, the hints used) for the kernel of ``spec`` (a
     :class:`~mxgemm.codegen.build.KernelSpec`, ``op="linear"``): ``make(decode_dtype)`` gives its
-    decode-fused prim_func; ``hints`` (from a tune log) override the rule's defaults. A rule that
-    cannot tile the shape hands over to the next (``tensorcore`` → ``gemv`` → dlight)."""
+    decode-fused prim_func; ``hints`` of rule ``rule`` (a tune record's) go to that rule first, typed
+    by its ``Hints``; then the rule for the shape and the ones after it, with their defaults
+    (``tensorcore`` → ``gemv`` → dlight). Hints that their rule does not take are logged and ignored."""
     import tvm
 
     m_bucket = spec.m_bucket
+    if hints and rule not in TUNABLE:
+        log.warning("ignoring tuned hints %s: they name no rule with hints (%r)", hints, rule)
+        hints = None
     if target["kind"] == "cuda":
         from mxgemm.rules import dlight, gemv, mma, tensorcore
 
-        # Tuned hints name their rule by their fields (a tune log keeps the fastest rule's record);
-        # then the rule for the shape, then the ones after it.
-        hinted = [r for r in (mma, tensorcore, gemv) if _tuned(r.Hints, hints, quiet=True)]
+        typed = _tuned(get(rule).Hints, hints) if hints and rule != "cpu" else []
+        tuned_rule = get(rule) if typed else None  # hints its rule refuses: as if there were none
         first = rule_for(spec.fmt, spec.n, spec.k, m_bucket, spec.a_dtype, spec.block_size, target)
-        if hints and not hinted:
-            log.warning("ignoring tuned hints %s: no rule takes them", hints)
         fmt = formats.get(spec.fmt)
-        for rule in dict.fromkeys(r for r in (*hinted, first, tensorcore, gemv) if r is not None):
-            tuned = _tuned(rule.Hints, hints, quiet=True)
-            if rule is mma and (got := mma.apply(spec, tuned)) is not None:
+        for r in dict.fromkeys(x for x in (tuned_rule, first, tensorcore, gemv) if x is not None):
+            tuned = typed if r is tuned_rule else []
+            if r is mma and (got := mma.apply(spec, tuned)) is not None:
                 return "mma", tvm.IRModule({"main": got[0]}), got[1].to_dict()
-            if rule is tensorcore and m_bucket in tensorcore.M_TILES and spec.a_dtype == "float16":
+            if r is tensorcore and m_bucket in tensorcore.M_TILES and spec.a_dtype == "float16":
                 func = make(None)  # decode in a_dtype: the tensor cores take fp16
                 for h in [*tuned, None]:  # tuned, else the defaults
                     if (got := tensorcore.apply(func, target, fmt, m_bucket, h)) is not None:
                         return "tensorcore", got[0].mod, got[1].to_dict()
-            if rule is gemv and m_bucket in gemv.M_TILES:
+            if r is gemv and m_bucket in gemv.M_TILES:
                 func = make("float32")
                 for h in [*tuned, None]:
                     if (got := gemv.apply(func, target, fmt, m_bucket, h)) is not None:
@@ -76,7 +106,8 @@ def schedule(
         name, mod = dlight.apply(make(None), target, m_bucket)
         return name, mod, {}
     func = make("float32")
-    got = next((g for h in _tuned(dict, hints) if (g := cpu.apply(func, h))), None) or cpu.apply(func)
+    tuned = _tuned(dict, hints) if rule == "cpu" else []
+    got = next((g for h in tuned if (g := cpu.apply(func, h))), None) or cpu.apply(func)
     if got is None:
         return "unscheduled", tvm.IRModule({"main": func}), {}
     return "cpu", tvm.IRModule({"main": got[0]}), got[1]
@@ -99,16 +130,13 @@ def schedule_decode(func: tirx.PrimFunc, target: dict[str, Any]) -> tuple[str, A
 
 def hints_problem(rule: str, config: dict[str, Any]) -> str | None:
     """Why ``config`` is not a hint set of ``rule`` (as a tune record names them), or None."""
-    from mxgemm.rules import gemv, mma, tensorcore
-
-    kinds = {"mma": mma.Hints, "gemv": gemv.Hints, "tensorcore": tensorcore.Hints}
+    if rule not in TUNABLE:
+        return f"no rule {rule!r} with hints (tunable rules: {', '.join(TUNABLE)})"
     if rule == "cpu":
         ok = set(config) <= {"n_tile"} and config.get("n_tile", 1) in cpu.N_TILES
         return None if ok else f"cpu hints out of range: {config}"
-    if rule not in kinds:
-        return f"no rule {rule!r} (tunable rules: cpu, {', '.join(kinds)})"
     try:
-        kinds[rule](**config)
+        get(rule).Hints(**config)
     except (TypeError, ValueError) as e:
         return f"{rule} hints {config}: {e}"
     return None
