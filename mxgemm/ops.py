@@ -269,21 +269,12 @@ def _eager(x: torch.Tensor) -> bool:
     )
 
 
-def dispatch(
-    x: torch.Tensor,
-    planes: list[torch.Tensor],
-    scales: torch.Tensor,
-    bias: torch.Tensor | None,
-    fmt: str,
-    block_size: int,
-    n: int,
-    k: int,
-) -> torch.Tensor:
-    """``mxgemm::linear`` on already-checked arguments (see :func:`_forward`): straight to the kernel
-    in eager mode, through the custom op wherever torch traces or records (:func:`_eager`). Both run
-    the same code, so their results are identical."""
+def dispatch(x: torch.Tensor, *args) -> torch.Tensor:
+    """``mxgemm::linear(x, planes, scales, bias, fmt, block_size, n, k)`` on already-checked arguments
+    (see :func:`_forward`): straight to the kernel in eager mode, through the custom op wherever torch
+    traces or records (:func:`_eager`). Both run the same code, so their results are identical."""
     run = _forward if _eager(x) else torch.ops.mxgemm.linear
-    return run(x, planes, scales, bias, fmt, block_size, n, k)
+    return run(x, *args)
 
 
 def linear(x: torch.Tensor, w: MxWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
