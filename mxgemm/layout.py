@@ -21,7 +21,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from mxgemm.weight import MxWeight
 
 PLANES = {8: (8,), 4: (4,), 2: (2,), 1: (1,), 6: (4, 2), 5: (4, 1), 3: (2, 1), 7: (4, 2, 1)}
-LAYOUT = "planes-v1"
 
 
 def plane_widths(bits: int) -> tuple[int, ...]:
@@ -63,7 +62,7 @@ def transform_weight(q: MxWeight, kernel: Kernel | None = None) -> list[torch.Te
 
     Args:
         q: 2-D `MxWeight` ``[n, k]`` in the portable layout.
-        kernel: the kernel the weight is for; every kernel today reads :data:`LAYOUT`.
+        kernel: the kernel the weight is for; every kernel today reads the planes of :func:`to_planes`.
     Returns:
         ``[plane_0, ..., scales]``: uint8 ``[n, k*w/8]`` per plane width ``w``, uint8 ``[n, k/block]``.
     """

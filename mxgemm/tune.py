@@ -32,7 +32,6 @@ from mxgemm.codegen import target as targets
 log = logging.getLogger(__name__)
 MANIFEST = "tune_manifest.json"
 MEASUREMENTS = "tune_measurements.jsonl"
-DEFAULT_MS = (1, 16, 64, 256, 1024, 4096)
 
 
 class TuneError(ValueError):
