@@ -141,22 +141,7 @@ class MxLinear(nn.Module):
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected, errors
     ):
         key = prefix + "weight_blocks"
-        want = {key: (self.out_features, packing.packed_len(self.in_features, self._bits))}
-        want[prefix + "weight_scales"] = tuple(self.weight_scales.shape)
-        bad = {}
-        for name, shape in want.items():
-            t = state_dict.get(name)
-            if t is None:
-                continue
-            if t.dtype != torch.uint8:
-                bad[name] = (
-                    f"dtype mismatch for {name}: the checkpoint has {t.dtype}, the model holds torch.uint8"
-                )
-            elif tuple(t.shape) != shape:
-                bad[name] = (
-                    f"size mismatch for {name}: copying a param with shape {tuple(t.shape)} from checkpoint, "
-                    f"the shape in current model is {shape}."
-                )
+        bad = self._code_mismatches(state_dict, prefix)
         if bad:  # torch would cast floats to uint8 and broadcast misshaped codes: refuse instead
             errors.extend(bad.values())
             state_dict = {k: v for k, v in state_dict.items() if k not in bad}
@@ -170,6 +155,27 @@ class MxLinear(nn.Module):
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected, errors
         )
         missing_keys[:] = [k for k in missing_keys if k not in bad]  # reported as mismatches
+
+    def _code_mismatches(self, state_dict: dict[str, torch.Tensor], prefix: str) -> dict[str, str]:
+        """key → error message, for the uint8 ``weight_blocks`` (portable layout) and ``weight_scales``
+        of ``state_dict`` whose dtype or shape this layer cannot hold."""
+        want = {
+            prefix + "weight_blocks": (self.out_features, packing.packed_len(self.in_features, self._bits)),
+            prefix + "weight_scales": tuple(self.weight_scales.shape),
+        }
+        bad = {}
+        for name, shape in want.items():
+            t = state_dict.get(name)
+            if t is not None and t.dtype != torch.uint8:
+                bad[name] = (
+                    f"dtype mismatch for {name}: the checkpoint has {t.dtype}, the model holds torch.uint8"
+                )
+            elif t is not None and tuple(t.shape) != shape:
+                bad[name] = (
+                    f"size mismatch for {name}: copying a param with shape {tuple(t.shape)} from checkpoint, "
+                    f"the shape in current model is {shape}."
+                )
+        return bad
 
     @property
     def weight(self) -> MxWeight:
