@@ -18,7 +18,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from mxgemm import shards, system
-from mxgemm.config import QUANT_METHOD, MxConfig
+from mxgemm.config import MxConfig
 from mxgemm.module import MxLinear, _set_submodule
 
 BLOCKS, SCALES = ".weight_blocks", ".weight_scales"
@@ -31,7 +31,7 @@ class CheckpointError(ValueError):
 
 def read_config(path: str | Path) -> tuple[dict, MxConfig]:
     """(config.json as a dict, its MxConfig) of a quantized model directory."""
-    cfg_path = Path(path) / "config.json"
+    cfg_path = _checked(Path(path) / "config.json")
     try:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -55,58 +55,26 @@ def save_quantized(model: nn.Module, path: str | Path, config: MxConfig) -> None
     config.json is the model's own (``model.config.to_dict()`` for Hugging Face models, if any) with
     ``quantization_config`` added; it is written last, so its presence marks a complete checkpoint.
     ``path`` is new, empty, or holds an earlier mxgemm checkpoint, which the save replaces whole (its
-    index and shards are removed). Anything else that holds a checkpoint or config.json (say, the
-    full-precision model) is refused with a :class:`CheckpointError` before anything is written.
+    index and every ``*.safetensors`` go first). Anything else that holds a checkpoint or config.json
+    (say, the full-precision model) is refused with a :class:`CheckpointError` before anything is written.
     """
     path = Path(path)
-    old = _owned_files(path)
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"cannot save into {path}: it exists and is not a directory")
+    if path.exists() and (why := shards.foreign_checkpoint(path)) is not None:
+        raise CheckpointError(f"cannot save into {path}: {why}; save into a new or empty directory")
     path.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    old = [n for n in shards.checkpoint_files(path) if n != "config.json"]  # an earlier mxgemm save's
+    for name in sorted(old, key=lambda n: not n.endswith(".index.json")):  # the index first
+        (path / name).unlink()
     shards.write(_unshare(tensors), path / SINGLE_FILE, shards.metadata(config))
-    for f in old:
-        if f.name != SINGLE_FILE:
-            f.unlink(missing_ok=True)
     cfg = model.config.to_dict() if hasattr(getattr(model, "config", None), "to_dict") else {}
     cfg["quantization_config"] = config.to_dict()
     tmp = path / ".config.json.tmp"
+    tmp.unlink(missing_ok=True)  # never write through a link planted under the temporary name
     tmp.write_text(json.dumps(cfg, indent=2, default=str))
     os.replace(tmp, path / "config.json")
-
-
-def _owned_files(path: Path) -> list[Path]:
-    """The checkpoint files of an earlier mxgemm save or pack in ``path`` (its index, the shards the
-    index names, model.safetensors), which a new save replaces; [] for a new or checkpoint-free
-    directory. Raises CheckpointError if ``path`` holds a checkpoint or config.json mxgemm did not write."""
-    if not path.exists():
-        return []
-    if not path.is_dir():
-        raise CheckpointError(f"cannot save into {path}: it exists and is not a directory")
-    weights = sorted(
-        p.name for p in path.iterdir() if p.name.endswith((".safetensors", ".safetensors.index.json"))
-    )
-    cfg = path / "config.json"
-    if not cfg.exists() and not weights:
-        return []
-    try:
-        qc = json.loads(cfg.read_text(encoding="utf-8")).get("quantization_config")
-        ours = isinstance(qc, dict) and qc.get("quant_method") == QUANT_METHOD
-    except (OSError, ValueError, AttributeError):
-        ours = False
-    if not ours:
-        found = ", ".join(([cfg.name] if cfg.exists() else []) + weights)
-        raise CheckpointError(
-            f"cannot save into {path}: it holds a checkpoint mxgemm did not write ({found}); "
-            "save into a new or empty directory"
-        )
-    owned = [path / SINGLE_FILE, path / INDEX]
-    index = path / INDEX
-    if index.exists():
-        try:
-            names = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values()
-        except (OSError, ValueError, AttributeError):
-            names = []
-        owned += [path / n for n in set(names) if shards.plain_name(n)]
-    return [f for f in owned if f.exists()]
 
 
 def _unshare(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -123,7 +91,7 @@ def _unshare(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def _tensor_files(path: Path) -> dict[str, Path]:
     """tensor name → the safetensors file holding it (index.json if present, else every *.safetensors).
     An index may name only plain ``*.safetensors`` file names inside ``path``."""
-    index = path / INDEX
+    index = _checked(path / INDEX)
     if index.exists():
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
@@ -140,18 +108,28 @@ def _tensor_files(path: Path) -> dict[str, Path]:
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"no *.safetensors file in {path}")
-    out = {}
+    out: dict[str, Path] = {}
     for f in files:
         for name in _open(f).keys():  # noqa: SIM118
+            if name in out:
+                raise CheckpointError(
+                    f"tensor {name!r} is in both {out[name]} and {f} (and {path} has no {INDEX})"
+                )
             out[name] = f
     return out
+
+
+def _checked(file: Path) -> Path:
+    """``file`` of a model directory, if it may be read there (:func:`mxgemm.shards.link_problem`)."""
+    if (why := shards.link_problem(file.parent, file)) is not None:
+        raise CheckpointError(why)
+    return file
 
 
 def _open(file: Path):
     if not file.is_file():
         raise CheckpointError(f"missing checkpoint file {file}")
-    if (why := shards.link_problem(file.parent, file)) is not None:
-        raise CheckpointError(why)
+    _checked(file)
     try:
         return safe_open(str(file), framework="pt")
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:

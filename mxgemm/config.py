@@ -83,6 +83,8 @@ class MxConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MxConfig:
         """Inverse of :meth:`to_dict`; rejects other quant methods and unknown layout versions."""
+        if not isinstance(d, dict):
+            raise ValueError(f"quantization_config is {d!r}, expected a JSON object")
         if d.get("quant_method") != QUANT_METHOD:
             raise ValueError(
                 f"quantization_config.quant_method is {d.get('quant_method')!r}, expected 'mxgemm'"

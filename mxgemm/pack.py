@@ -151,7 +151,7 @@ def pack(
     Args:
         src_dir: Hugging Face model directory (config.json + safetensors); never modified.
         out_dir: new or empty directory, or one left by an interrupted pack with the same ``config``
-            (resumed); not ``src_dir`` nor inside it.
+            (resumed; a symbolic link in it is refused); not ``src_dir`` nor inside it.
         config: format, block size, scale mode, rounding, ``modules_to_not_convert``.
         progress: show a tqdm bar over tensors on stderr.
 
@@ -380,15 +380,18 @@ def _prepare_output(out: Path, config: MxConfig) -> dict[str, Any]:
                 f"{out} holds an interrupted pack with other settings ({diff}; see {manifest_path}): use a "
                 "new or empty output directory, or rerun with the same settings to resume"
             )
-        for tmp in out.rglob(f"*{_TMP_SUFFIX}"):
-            tmp.unlink()
+        for tmp in _regular_files(out):
+            if tmp.name.endswith(_TMP_SUFFIX):
+                tmp.unlink()
         return manifest
     if out.exists() and any(out.iterdir()):
-        if _is_packed(out / CONFIG):
+        if shards.written_by_mxgemm(out):
             raise PackError(
                 f"{out} already holds a finished mxgemm pack ({out / CONFIG} has its quantization_config): "
                 "use a new or empty output directory"
             )
+        if (why := shards.foreign_checkpoint(out)) is not None:
+            raise PackError(f"cannot pack into {out}: {why}; use a new or empty directory")
         raise PackError(
             f"output directory {out} is not empty and is not an interrupted mxgemm pack (no {MANIFEST}): "
             "use a new or empty directory"
@@ -458,16 +461,21 @@ def _load_json(path: Path, what: str) -> dict[str, Any]:
     return d
 
 
-def _is_packed(cfg_path: Path) -> bool:
-    try:
-        qc = json.loads(cfg_path.read_text(encoding="utf-8")).get("quantization_config")
-    except (OSError, ValueError, AttributeError):
-        return False
-    return isinstance(qc, dict) and qc.get("quant_method") == QUANT_METHOD
+def _regular_files(out: Path) -> list[Path]:
+    """Every file below ``out``, which an interrupted pack left; raises PackError on a symbolic link
+    there (pack writes only regular files inside ``out``, never through a link)."""
+    files = []
+    for root, dirs, names in os.walk(out):
+        for name in dirs + names:
+            if (p := Path(root) / name).is_symlink():
+                raise PackError(f"{p} is a symbolic link: pack writes only regular files inside {out}")
+        files += [Path(root) / name for name in names]
+    return files
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + _TMP_SUFFIX)
+    tmp.unlink(missing_ok=True)  # never write through a link planted under the temporary name
     tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 

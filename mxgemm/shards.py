@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from mxgemm.config import LAYOUT_VERSION, MxConfig
+from mxgemm.config import LAYOUT_VERSION, QUANT_METHOD, MxConfig
 
 LAYOUT_KEY = "mxgemm_layout"
 _CONFIG_KEYS = {"mxgemm_fmt": "fmt", "mxgemm_block_size": "block_size", "mxgemm_scale_mode": "scale_mode"}
@@ -41,7 +41,39 @@ def check_metadata(file: Path, meta: dict[str, str] | None, config: MxConfig) ->
         for key, attr in _CONFIG_KEYS.items()
         if key in meta and meta[key] != str(getattr(config, attr))
     ]
+    if LAYOUT_KEY in meta and meta[LAYOUT_KEY] != str(LAYOUT_VERSION):
+        bad.append(f"{LAYOUT_KEY}={meta[LAYOUT_KEY]!r} but this mxgemm reads layout {LAYOUT_VERSION}")
     return f"{file}: shard metadata {'; '.join(bad)}" if bad else None
+
+
+def checkpoint_files(path: Path) -> list[str]:
+    """The names of the checkpoint files in directory ``path``: config.json, ``*.safetensors`` and
+    ``*.safetensors.index.json``, sorted."""
+    return sorted(
+        p.name
+        for p in path.iterdir()
+        if (p.is_symlink() or not p.is_dir())
+        and (p.name == "config.json" or p.name.endswith((".safetensors", ".safetensors.index.json")))
+    )
+
+
+def written_by_mxgemm(path: Path) -> bool:
+    """Whether ``path/config.json`` holds an mxgemm ``quantization_config`` (mxgemm wrote the checkpoint)."""
+    try:
+        qc = json.loads((path / "config.json").read_text(encoding="utf-8")).get("quantization_config")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(qc, dict) and qc.get("quant_method") == QUANT_METHOD
+
+
+def foreign_checkpoint(path: Path) -> str | None:
+    """Why directory ``path`` may not be written by mxgemm, or None: it holds a checkpoint (config.json,
+    safetensors, index) that mxgemm did not write, say the full-precision model. Shared by
+    :func:`mxgemm.save_quantized` and ``mxgemm pack``, so neither overwrites another's checkpoint."""
+    found = checkpoint_files(path)
+    if not found or written_by_mxgemm(path):
+        return None
+    return f"{path} holds a checkpoint mxgemm did not write ({', '.join(found)})"
 
 
 def write(

@@ -2,6 +2,7 @@
 the model directory or accept a checkpoint that contradicts its config, and a fuzz of loading."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,73 @@ def test_shard_links_outside_the_directory_are_refused(tmp_path):
     (d / "model.safetensors").symlink_to(tmp_path / "elsewhere.safetensors")
     with pytest.raises(CheckpointError, match="symbolic link"):
         load_quantized(nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16)), d)
+
+
+def _seq() -> nn.Module:
+    return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16))
+
+
+def test_a_save_removes_every_shard_of_an_earlier_checkpoint_even_without_its_index(tmp_path):
+    save_quantized(_net(0), tmp_path, MxConfig("mxfp8_e4m3"))
+    _shard_it(tmp_path)
+    (tmp_path / INDEX).unlink()  # an index lost or never written: its shards are still the old save's
+    new = _net(1)
+    save_quantized(new, tmp_path, MxConfig("mxfp8_e4m3"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    assert torch.equal(_out(load_quantized(_seq(), tmp_path)), _out(new))
+
+
+def test_a_tensor_in_two_unindexed_shards_is_an_error(tmp_path):
+    save_quantized(_net(0), tmp_path, MxConfig("mxfp8_e4m3"))
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    save_file({"0.bias": tensors["0.bias"] + 1}, str(tmp_path / "extra.safetensors"))
+    with pytest.raises(
+        CheckpointError, match=r"tensor '0.bias' is in both .*extra.safetensors.* and .*model"
+    ):
+        load_quantized(_seq(), tmp_path)
+
+
+@pytest.mark.parametrize("name", ["config.json", INDEX])
+def test_config_and_index_links_outside_the_directory_are_refused(tmp_path, name):
+    d = tmp_path / "model"
+    save_quantized(_net(0), d, MxConfig("mxfp8_e4m3"))
+    if name == INDEX:
+        _shard_it(d)
+    (d / name).rename(tmp_path / name)
+    (d / name).symlink_to(tmp_path / name)
+    with pytest.raises(CheckpointError, match=f"{name} is a symbolic link to .*outside the model directory"):
+        load_quantized(_seq(), d)
+
+
+def test_a_hugging_face_snapshot_of_links_into_the_cache_loads(tmp_path, monkeypatch):
+    hub = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # the env var rule, installed or not
+    net = _net(0)
+    save_quantized(net, tmp_path / "saved", MxConfig("mxfp8_e4m3"))
+    _shard_it(tmp_path / "saved")
+    blobs, snap = hub / "models--toy" / "blobs", hub / "models--toy" / "snapshots" / "abc"
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for i, f in enumerate(sorted((tmp_path / "saved").iterdir())):
+        (blobs / f"blob{i}").write_bytes(f.read_bytes())
+        (snap / f.name).symlink_to(blobs / f"blob{i}")
+    assert torch.equal(_out(load_quantized(_seq(), snap)), _out(net))
+
+
+def test_a_shard_of_another_layout_version_is_refused(tmp_path):
+    net = _net(0)
+    save_quantized(net, tmp_path, MxConfig("mxfp8_e4m3"))
+    f = tmp_path / "model.safetensors"
+    with safe_open(str(f), framework="pt") as h:
+        meta = h.metadata()
+    save_file(load_file(str(f)), str(f), metadata={**meta, "mxgemm_layout": "2"})
+    with pytest.raises(
+        CheckpointError, match=r"model.safetensors: shard metadata mxgemm_layout='2' but .* 1"
+    ):
+        load_quantized(_seq(), tmp_path)
+    save_file(load_file(str(f)), str(f), metadata=meta)
+    assert torch.equal(_out(load_quantized(_seq(), tmp_path)), _out(net))
 
 
 # ---- fuzz ------------------------------------------------------------------------------------------

@@ -279,13 +279,7 @@ def test_resume_after_interruption(tmp_path, monkeypatch):
     assert (out / SHARD1).stat().st_mtime_ns == first, "the finished shard was redone"
     assert report.layers == reference.layers
     assert (report.source_bytes, report.output_bytes) == (reference.source_bytes, reference.output_bytes)
-    # Same files; shards equal tensor by tensor (safetensors writes __metadata__ keys in a random order,
-    # so two packs are not byte-identical).
-    got, want = _digest(out), _digest(tmp_path / "ref")
-    assert set(got) == set(want)
-    assert all(got[k] == want[k] for k in got if not k.endswith(".safetensors"))
-    got_t, want_t = _tensors(out), _tensors(tmp_path / "ref")
-    assert set(got_t) == set(want_t) and all(_same_bytes(got_t[k], want_t[k]) for k in got_t)
+    assert _digest(out) == _digest(tmp_path / "ref")  # the same files, byte for byte
     _check_pack(src, out, cfg, report)
 
 
@@ -380,6 +374,18 @@ def test_error_truncated_shard(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_error_output_holds_a_checkpoint_mxgemm_did_not_write(tmp_path):
+    src = _make_sharded(tmp_path / "src")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_text('{"model_type": "toy"}')
+    save_file({"w": torch.ones(2)}, str(out / "model.safetensors"))
+    before = _digest(out)
+    with pytest.raises(PackError, match=r"did not write \(config.json, model.safetensors\)"):
+        pack(src, out, MxConfig(), progress=False)
+    assert _digest(out) == before
+
+
 def test_error_unrelated_nonempty_output(tmp_path):
     src = _make_sharded(tmp_path / "src")
     out = tmp_path / "out"
@@ -395,6 +401,30 @@ def test_pack_is_byte_reproducible(tmp_path):
     for run in "abcd":  # safetensors orders metadata keys at random: equal by chance at most 1 in 64
         _pack_quiet(src, tmp_path / run, MxConfig("mxfp6_e2m3"))
         assert _digest(tmp_path / run) == _digest(tmp_path / "a")
+
+
+def test_resume_refuses_a_shard_link_planted_in_out(tmp_path, monkeypatch):
+    src = _make_sharded(tmp_path / "src")
+    out, cfg = tmp_path / "out", MxConfig("mxfp4")
+    real = pack_module._pack_shard
+
+    def interrupt_second_shard(src_path, *args):
+        if src_path.name == SHARD2:
+            raise KeyboardInterrupt
+        return real(src_path, *args)
+
+    monkeypatch.setattr(pack_module, "_pack_shard", interrupt_second_shard)
+    with pytest.raises(KeyboardInterrupt):
+        _pack_quiet(src, out, cfg)
+    monkeypatch.undo()
+    (out / SHARD1).rename(tmp_path / "elsewhere.safetensors")
+    (out / SHARD1).symlink_to(tmp_path / "elsewhere.safetensors")  # the finished shard, now a link
+    with pytest.raises(PackError, match=f"{SHARD1} is a symbolic link: pack writes only regular files"):
+        _pack_quiet(src, out, cfg)
+    (out / SHARD1).unlink()
+    report = _pack_quiet(src, out, cfg)
+    assert not any(p.is_symlink() for p in out.rglob("*"))
+    _check_pack(src, out, cfg, report)
 
 
 def test_resume_never_writes_through_a_link_planted_in_out(tmp_path, monkeypatch):
