@@ -30,7 +30,8 @@ def _tir(rec: dict) -> tuple[str, str]:
 
     tgt = targets.resolve(rec["arch"])
     bs = rec.get("block_size", 32)
-    spec = KernelSpec(rec["fmt"], rec["n"], rec["k"], rec["m_bucket"], rec["a_dtype"], rec["a_dtype"], False, bs, tgt)
+    dt = rec["a_dtype"]
+    spec = KernelSpec(rec["fmt"], rec["n"], rec["k"], rec["m_bucket"], dt, dt, False, bs, tgt)
 
     def make(decode_dtype):
         m = 1 if spec.m_bucket == 1 else None

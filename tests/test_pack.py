@@ -283,10 +283,8 @@ def test_resume_after_interruption(tmp_path, monkeypatch):
     _check_pack(src, out, cfg, report)
 
 
-def test_resume_redoes_a_changed_source_shard(tmp_path, monkeypatch):
-    src = _make_sharded(tmp_path / "src")
-    cfg = MxConfig("mxfp4")
-    out = tmp_path / "out"
+def _pack_interrupted_at_the_second_shard(src: Path, out: Path, cfg: MxConfig, monkeypatch) -> None:
+    """Pack ``src`` into ``out`` and stop it (KeyboardInterrupt) when it reaches the second shard."""
     real = pack_module._pack_shard
 
     def interrupt_second_shard(src_path, *args):
@@ -298,6 +296,13 @@ def test_resume_redoes_a_changed_source_shard(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         _pack_quiet(src, out, cfg)
     monkeypatch.undo()
+
+
+def test_resume_redoes_a_changed_source_shard(tmp_path, monkeypatch):
+    src = _make_sharded(tmp_path / "src")
+    cfg = MxConfig("mxfp4")
+    out = tmp_path / "out"
+    _pack_interrupted_at_the_second_shard(src, out, cfg, monkeypatch)
     shard1 = _tensors(src, SHARD1)
     shard1["model.layers.0.q_proj.weight"] *= 2
     save_file(shard1, str(src / SHARD1), metadata={"format": "pt"})
@@ -406,17 +411,7 @@ def test_pack_is_byte_reproducible(tmp_path):
 def test_resume_refuses_a_shard_link_planted_in_out(tmp_path, monkeypatch):
     src = _make_sharded(tmp_path / "src")
     out, cfg = tmp_path / "out", MxConfig("mxfp4")
-    real = pack_module._pack_shard
-
-    def interrupt_second_shard(src_path, *args):
-        if src_path.name == SHARD2:
-            raise KeyboardInterrupt
-        return real(src_path, *args)
-
-    monkeypatch.setattr(pack_module, "_pack_shard", interrupt_second_shard)
-    with pytest.raises(KeyboardInterrupt):
-        _pack_quiet(src, out, cfg)
-    monkeypatch.undo()
+    _pack_interrupted_at_the_second_shard(src, out, cfg, monkeypatch)
     (out / SHARD1).rename(tmp_path / "elsewhere.safetensors")
     (out / SHARD1).symlink_to(tmp_path / "elsewhere.safetensors")  # the finished shard, now a link
     with pytest.raises(PackError, match=f"{SHARD1} is a symbolic link: pack writes only regular files"):
