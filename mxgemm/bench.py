@@ -1,6 +1,6 @@
 """`mxgemm bench`: mxgemm kernels vs cuBLAS (torch F.linear) and the emulated path, on one GPU.
 
-Method (``shared/DESIGN.md`` §4): every candidate runs inside a CUDA graph of ``CALLS`` launches that
+Method: every candidate runs inside a CUDA graph of ``CALLS`` launches that
 rotate through enough weight copies to defeat L2; graph replays are timed with CUDA events and the
 median replay / CALLS is reported. The same run measures device-to-device copy bandwidth (bytes read +
 written per second) and cuBLAS fp16, so ratios compare like with like. Results go to

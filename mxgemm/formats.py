@@ -5,7 +5,7 @@ its grid encodes to a code and how a code decodes to a value (torch, exact), and
 inside a generated kernel (TensorIR, :mod:`mxgemm.codegen.decode`). The shared E8M0 scale is common
 to all formats and lives in :mod:`mxgemm.scales`.
 
-Semantics follow OCP MX v1.0 and microsoft/microxcaling (see ``shared/DESIGN.md`` §1):
+Semantics follow OCP MX v1.0 and microsoft/microxcaling:
 
 * float elements (``mxfp8_e4m3``, ``mxfp8_e5m2``, ``mxfp6_e3m2``, ``mxfp6_e2m3``, ``mxfp4``): sign,
   ``ebits`` exponent bits with bias ``2**(ebits-1) - 1``, ``mbits`` mantissa bits, subnormals.

@@ -7,7 +7,7 @@ Input: a model directory with ``config.json`` and ``model.safetensors`` or shard
 fp16 / bf16, its in_features (last dim) is a multiple of the block size, the module is not an embedding
 (last name component contains ``embed`` or is ``wte``/``wpe``/``shared``) and ``config.skips(module)``
 is false. It becomes the uint8 tensors ``<module>.weight_blocks`` and ``<module>.weight_scales``
-(:class:`~mxgemm.weight.MxWeight` ``blocks``/``scales``, ``shared/DESIGN.md`` §1); every other tensor is
+(:class:`~mxgemm.weight.MxWeight` ``blocks``/``scales``, the portable layout); every other tensor is
 copied unchanged.
 
 Output: one shard per input shard (same file names, safetensors metadata :func:`mxgemm.shards.metadata`;

@@ -3,7 +3,7 @@
 Codes form a little-endian bitstream: element ``j`` of a row occupies bits ``[j*bits, (j+1)*bits)``,
 bit ``i`` of the stream being bit ``i % 8`` of byte ``i // 8``. So fp4 packs two per byte with the even
 index in the low nibble (OCP / torchao ``pack_uint4`` / HF ``*_blocks``), fp6 four values per three
-bytes, 8-bit codes one per byte, and BFP m<8 eight values per m bytes (``shared/DESIGN.md`` §1).
+bytes, 8-bit codes one per byte, and BFP m<8 eight values per m bytes (the OCP / torchao order).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from ml_dtypes (float formats: every code viewed as the ml_dtypes type) or from 
 ``q * 2**-(M-2)``, ``|q| <= 2**(M-1) - 1`` (int formats); the E8M0 scale decodes through
 ``ml_dtypes.float8_e8m0fnu``.
 
-Semantics (OCP MX v1.0, microxcaling, ``shared/DESIGN.md`` §1): per block of ``block_size`` elements
+Semantics (OCP MX v1.0, microxcaling): per block of ``block_size`` elements
 along the last axis, ``amax = max |x|``; shared exponent ``floor``: ``floor(log2 amax) - emax``,
 ``rceil``: the smallest ``s`` with ``amax <= max_normal * 2**s``; clamped to [-127, 127]; an all-zero
 block gets -127; a block holding NaN or ±Inf gets scale code 255 and dequantizes to NaN. Elements

@@ -16,7 +16,7 @@ FLOAT_FORMATS = ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4"
 INT_FORMATS = ["mxint8", *(f"bfp{m}" for m in range(2, 9))]
 ALL_FORMATS = FLOAT_FORMATS + INT_FORMATS
 
-# shared/DESIGN.md §1: name -> (bits, ebits, mbits, emax, max normal, min normal, min subnormal, oracle).
+# OCP MX v1.0 / ml_dtypes: name -> (bits, ebits, mbits, emax, max normal, min normal, min subnormal, oracle).
 DESIGN_TABLE = {
     "mxfp8_e4m3": (8, 4, 3, 8, 448.0, 2.0**-6, 2.0**-9, "float8_e4m3fn"),
     "mxfp8_e5m2": (8, 5, 2, 15, 57344.0, 2.0**-14, 2.0**-16, "float8_e5m2"),

@@ -2,7 +2,7 @@
 
 ``tvm.compile`` hands CUDA source to a factory that lives in ``libtvm_runtime_cuda.so``, which links
 the driver ``libcuda.so.1``; on a GPU-less box that library fails to load silently and the module
-keeps *source* instead of a binary (``shared/DESIGN.md`` §2). We load a stub driver there (every call
+keeps *source* instead of a binary. We load a stub driver there (every call
 fails with "no device"; it is only needed to build), then the CUDA runtime library, and register our
 own nvcc callback: a fatbin with SASS for the target arch plus its PTX, without ``--use_fast_math``
 (which would flush the 2**-127 scale to zero).

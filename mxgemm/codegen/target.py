@@ -1,7 +1,8 @@
 """Compilation targets: ``"llvm"`` (this CPU) and CUDA archs, as the dicts TVM 0.27 wants.
 
-CUDA limits come from the arch so no GPU is needed to build (``shared/DESIGN.md`` §2: give
-``max_shared_memory_per_block``; the ``sm_90a`` tag disables dlight's tensor cores, use ``sm_90``).
+CUDA limits come from the arch so no GPU is needed to build (dlight needs
+``max_shared_memory_per_block``, else it assumes 48 KB; the ``sm_90a`` tag disables dlight's tensor
+cores, use ``sm_90``).
 """
 
 from __future__ import annotations
