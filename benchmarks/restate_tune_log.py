@@ -10,7 +10,8 @@ their digests can be restated instead of re-measuring on a GPU:
 
 ``dump`` writes the scheduled TensorIR (TVMScript) of every record's kernel, as `mxgemm.build` would
 schedule it with the record's hints (no nvcc, no GPU). ``restate`` rewrites the digests of the records
-whose TIR is the same in both dumps, and lists the others (their records stay stale).
+whose TIR is the same in both dumps, and lists the others (their records stay stale); it also writes
+every record's ``block_size`` (part of the key; a record without one was tuned at its format's).
 """
 
 from __future__ import annotations
@@ -23,25 +24,17 @@ from pathlib import Path
 
 
 def _tir(rec: dict) -> tuple[str, str]:
-    from mxgemm import rules
+    from mxgemm import tunelog
     from mxgemm.codegen import target as targets
-    from mxgemm.codegen.build import KernelSpec
-    from mxgemm.codegen.prim_func import prim_func
+    from mxgemm.codegen.build import KernelSpec, schedule
 
-    tgt = targets.resolve(rec["arch"])
-    bs = rec.get("block_size", 32)
-    dt = rec["a_dtype"]
-    spec = KernelSpec(rec["fmt"], rec["n"], rec["k"], rec["m_bucket"], dt, dt, False, bs, tgt)
-
-    def make(decode_dtype):
-        m = 1 if spec.m_bucket == 1 else None
-        return prim_func(
-            spec.fmt, n=spec.n, k=spec.k, m=m, a_dtype=spec.a_dtype, out_dtype=spec.out_dtype,
-            bias=False, block_size=bs, decode_dtype=decode_dtype,
-        )  # fmt: skip
-
-    rule, mod, hints = rules.schedule(make, tgt, spec, rec["config"], rec["rule"])
-    return _name(rec), f"# rule {rule} hints {json.dumps(hints, sort_keys=True)}\n{mod.script()}"
+    r = tunelog.Record.from_dict(rec)
+    tgt = targets.resolve(r.arch)
+    dt = r.a_dtype
+    spec = KernelSpec(r.fmt, r.n, r.k, r.m_bucket, dt, dt, False, r.block_size, tgt, r.rule, r.config)
+    rule, mod, hints = schedule(spec)
+    used = hints.to_dict() if hints is not None else {}
+    return _name(rec), f"# rule {rule} hints {json.dumps(used, sort_keys=True)}\n{mod.script()}"
 
 
 def _name(rec: dict) -> str:
@@ -67,6 +60,7 @@ def restate(log: str, before: str, after: str) -> None:
     same, differ = 0, []
     for rec in lines:
         name = _name(rec)
+        rec["block_size"] = tunelog.Record.from_dict(rec).block_size  # the key's, filled when absent
         a, b = Path(before) / f"{name}.tir", Path(after) / f"{name}.tir"
         if a.exists() and b.exists() and a.read_text() == b.read_text():
             built = {**versions({"kind": "cuda", "arch": rec["arch"]}), "nvcc": rec["versions"].get("nvcc")}

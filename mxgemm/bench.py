@@ -36,7 +36,7 @@ def build_specs(shapes, ms, fmts, a_dtype: str, arch: str) -> list[dict[str, Any
     from mxgemm.ops import build_args
 
     specs = [
-        build_args(m, "cuda", fmt=f, n=n, k=k, a_dtype=a_dtype, target=arch)
+        build_args(m, fmt=f, n=n, k=k, a_dtype=a_dtype, target=arch)
         for f in fmts
         for n, k in shapes
         for m in ms

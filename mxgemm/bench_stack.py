@@ -44,7 +44,7 @@ def build_specs(fmt: str, arch: str, ms=MS, dtypes=DTYPES) -> list[dict[str, Any
     from mxgemm.ops import build_args
 
     specs = [
-        build_args(m, "cuda", fmt=fmt, n=o, k=i, a_dtype=dt, bias=False, target=arch)
+        build_args(m, fmt=fmt, n=o, k=i, a_dtype=dt, bias=False, target=arch)
         for i, o in set(shapes())
         for m in ms
         for dt in dtypes

@@ -91,7 +91,7 @@ def _build_kernels(model: torch.nn.Module, batch_shape: torch.Size, fmt: str) ->
     of ``batch_shape`` token ids ([sentences, tokens]: the encoder's rows, and the pooler's), with a
     progress bar that names each."""
     from mxgemm.codegen.build import build
-    from mxgemm.codegen.target import cpu, cuda, device_arch
+    from mxgemm.codegen.target import for_device
     from mxgemm.module import MxLinear
     from mxgemm.ops import build_args
 
@@ -100,11 +100,11 @@ def _build_kernels(model: torch.nn.Module, batch_shape: torch.Size, fmt: str) ->
         if not isinstance(mod, MxLinear):
             continue
         dev = mod.weight_scales.device
-        tgt = cuda(device_arch(dev.index)) if dev.type == "cuda" else cpu()
+        tgt = for_device(dev)
         layer = dict(fmt=mod.fmt, n=mod.out_features, k=mod.in_features, bias=mod.bias is not None)
         layer.update(a_dtype=str(mod.a_dtype).removeprefix("torch."), block_size=mod.block_size, target=tgt)
         for m in (batch_shape[0] * batch_shape[1], batch_shape[0]):
-            spec = build_args(m, dev.type, **layer)
+            spec = build_args(m, **layer)
             specs[repr(sorted(spec.items(), key=str))] = spec
     with tqdm(specs.values(), desc=f"{fmt} kernels", unit="kernel", file=sys.stderr, leave=False) as bar:
         for spec in bar:

@@ -17,7 +17,6 @@ import torch
 from mxgemm import packing
 
 if TYPE_CHECKING:  # pragma: no cover
-    from mxgemm.codegen.build import Kernel
     from mxgemm.weight import MxWeight
 
 PLANES = {8: (8,), 4: (4,), 2: (2,), 1: (1,), 6: (4, 2), 5: (4, 1), 3: (2, 1), 7: (4, 2, 1)}
@@ -57,12 +56,13 @@ def from_planes(planes: list[torch.Tensor], bits: int) -> torch.Tensor:
     return packing.pack(codes.to(torch.uint8), bits)
 
 
-def transform_weight(q: MxWeight, kernel: Kernel | None = None) -> list[torch.Tensor]:
+def transform_weight(q: MxWeight, kernel: object = None) -> list[torch.Tensor]:
     """The tensors a kernel reads for ``q``, in its argument order: the code planes, then the scales.
 
     Args:
         q: 2-D `MxWeight` ``[n, k]`` in the portable layout.
-        kernel: the kernel the weight is for; every kernel today reads the planes of :func:`to_planes`.
+        kernel: the kernel the weight is for (a :class:`mxgemm.codegen.build.Kernel`); every kernel
+            today reads the planes of :func:`to_planes`.
     Returns:
         ``[plane_0, ..., scales]``: uint8 ``[n, k*w/8]`` per plane width ``w``, uint8 ``[n, k/block]``.
     """

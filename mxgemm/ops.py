@@ -38,35 +38,46 @@ def decode_chunk_rows(n: int, k: int) -> int:
 
 
 @functools.lru_cache(maxsize=4096)  # on the forward path: decided once per layer shape and M
-def plan(m: int, device_type: str, fmt: str, n: int, k: int, a_dtype: str) -> tuple[str, int | None]:
-    """How ``m`` rows of an ``[n, k]`` ``fmt`` weight run: ``("linear", bucket)``, the decode-fused
-    kernel of that M bucket, or ``("decode", None)``: W decoded in 16 bits by a generated kernel, then
-    cuBLAS. CPU: always the fused kernel (one dynamic-M bucket). CUDA, by what measured fastest on an
-    H100 (``benchmarks/README.md``): the small-M rule up to ``DECODE_ABOVE`` rows (up to 2 for
-    sub-byte codes when the tensor-core rule applies: it wins from 3 rows there); the tensor-core rule
-    (fp16 activations, shapes it tiles) up to 64 rows; decode + cuBLAS beyond. The ``mma`` rule (fp16,
-    shapes it tiles) serves every bucket up to 64 rows."""
+def plan(
+    m: int, arch: str, fmt: str, n: int, k: int, a_dtype: str, block_size: int | None = None
+) -> tuple[str, int | None]:
+    """How ``m`` rows of an ``[n, k]`` ``fmt`` weight run on ``arch`` (``"llvm"``, or a CUDA arch such
+    as ``"sm_90"``): ``("linear", bucket)``, the decode-fused kernel of that M bucket, or
+    ``("decode", None)``: W decoded in 16 bits by a generated kernel, then cuBLAS. CPU: always the fused
+    kernel (one dynamic-M bucket). CUDA, asking the rules (:mod:`mxgemm.rules`) which apply, by what
+    measured fastest on an H100 (``benchmarks/README.md``): ``mma`` wherever it applies (fp16, up to
+    64 rows); else the small-M rules up to ``DECODE_ABOVE`` rows (up to 2 for sub-byte codes when
+    ``tensorcore`` applies: it wins from 3 rows there); ``tensorcore`` up to 64 rows; decode + cuBLAS
+    beyond."""
+    from mxgemm import rules
     from mxgemm.layout import plane_widths
-    from mxgemm.rules import mma, tensorcore
+    from mxgemm.rules.tensorcore import M_TILES as TC_TILES
 
-    bucket = builder.m_bucket_for(m, device_type)
-    if device_type != "cuda" or m == 1:
+    cuda = arch.startswith("sm_")
+    bucket = builder.m_bucket_for(m, "cuda" if cuda else "llvm")
+    if not cuda or m == 1:
         return "linear", bucket
     f = formats.get(fmt)
-    if bucket in mma.M_TILES and mma.applies(f, f.block_size, a_dtype, bucket) and mma.shape_fits(n, k, f):
+    tgt = targets.cuda(arch)
+
+    def spec(b: int | None) -> builder.KernelSpec:
+        return builder.KernelSpec(fmt, n, k, b, a_dtype, a_dtype, False, block_size or f.block_size, tgt)
+
+    if rules.get("mma").applies(spec(bucket)):
         return "linear", bucket
-    bits0 = plane_widths(f.bits)[0]
-    tc_bucket = next((b for b in tensorcore.M_TILES if m <= b), None)
-    tc = a_dtype == "float16" and tc_bucket is not None and tensorcore.shape_fits(n, k, f, tc_bucket)
-    if m <= (DECODE_ABOVE if bits0 == 8 or not tc else 2):
+    tc_bucket = next((b for b in TC_TILES if m <= b), None)
+    tc = tc_bucket is not None and rules.get("tensorcore").applies(spec(tc_bucket))
+    if m <= (DECODE_ABOVE if plane_widths(f.bits)[0] == 8 or not tc else 2):
         return "linear", bucket
     return ("linear", tc_bucket) if tc else ("decode", None)
 
 
-def build_args(m: int, device_type: str, **layer) -> dict:
+def build_args(m: int, **layer) -> dict:
     """The `mxgemm.build` keyword arguments of the kernel that serves ``m`` rows of ``layer`` (fmt, n,
-    k, a_dtype, bias, block_size, target) on ``device_type``: for ahead-of-time builds."""
-    op, bucket = plan(m, device_type, layer["fmt"], layer["n"], layer["k"], layer.get("a_dtype", "float16"))
+    k, a_dtype, bias, block_size, target: ``"llvm"`` by default): for ahead-of-time builds."""
+    arch = targets.arch_of(targets.resolve(layer.get("target", "llvm")))
+    a_dtype = layer.get("a_dtype", "float16")
+    op, bucket = plan(m, arch, layer["fmt"], layer["n"], layer["k"], a_dtype, layer.get("block_size"))
     if op == "decode":
         rows = decode_chunk_rows(layer["n"], layer["k"])
         return {**layer, "n": rows, "op": op, "bias": False, "m_bucket": None}
@@ -136,14 +147,13 @@ def _kernel(
     forward path skips target resolution and cache-key hashing after the first call."""
     key = (device, fmt, n, k, m_bucket, dtype, bias, block_size, op)
     if key not in _kernels:
-        tgt = targets.cuda(targets.device_arch(device.index)) if device.type == "cuda" else targets.cpu()
         _kernels[key] = builder.build(
             fmt,
             n=n,
             k=k,
             m_bucket=m_bucket,
             a_dtype=dtype,
-            target=tgt,
+            target=targets.for_device(device),
             bias=bias,
             block_size=block_size,
             op=op,
@@ -194,7 +204,8 @@ _routes: dict[tuple, builder.Kernel | None] = {}  # (m, device, dtype, fmt, n, k
 def _route(m, device, dtype, fmt, n, k, bias, block_size) -> builder.Kernel | None:
     """The fused kernel that serves ``m`` rows of this layer (:func:`plan`), or None for decode +
     cuBLAS; memoized per call signature in ``_routes`` so a forward call does one dict lookup."""
-    op, m_bucket = plan(m, device.type, fmt, n, k, _DTYPE_NAMES[dtype])
+    arch = targets.arch_of(targets.for_device(device))
+    op, m_bucket = plan(m, arch, fmt, n, k, _DTYPE_NAMES[dtype], block_size)
     return None if op == "decode" else _kernel(device, fmt, n, k, m_bucket, dtype, bias, block_size)
 
 

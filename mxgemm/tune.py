@@ -45,6 +45,13 @@ class Task(tunelog.Key):
     def target(self) -> dict[str, Any]:
         return _target(self.arch)
 
+    def spec(self) -> builder.KernelSpec:
+        """The kernel spec the rules are asked about (no bias, output in the activation dtype)."""
+        dt = self.a_dtype
+        return builder.KernelSpec(
+            self.fmt, self.n, self.k, self.m_bucket, dt, dt, False, self.block_size, self.target()
+        )
+
 
 def _target(arch: str) -> dict[str, Any]:
     """The target dict of a tune-log arch: ``llvm-<cpu>`` (this CPU) or ``sm_XX``."""
@@ -84,49 +91,38 @@ def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[s
             if k % f.block_size:
                 raise TuneError(f"shape {n},{k}: k is not a multiple of {fmt}'s block size {f.block_size}")
             for m in ms:
-                op, bucket = plan(m, "cuda" if cuda else "cpu", fmt, n, k, a_dtype)
-                tgt = _target(arch) if cuda else None
-                if cuda and (
-                    op == "decode" or not rules.rule_for(fmt, n, k, bucket, a_dtype, f.block_size, tgt)
-                ):
+                op, bucket = plan(m, arch if cuda else "llvm", fmt, n, k, a_dtype, f.block_size)
+                task = Task(fmt, n, k, bucket, a_dtype, arch)
+                if op == "decode" or rules.rule_for(task.spec()) is None:
                     path = "decode + cuBLAS" if op == "decode" else "dlight"
                     notes.append(f"{n},{k} M={m}: {path}, no hints to tune: skipped")
                     continue
-                out.append(Task(fmt, n, k, bucket, a_dtype, arch))
+                out.append(task)
     return list(dict.fromkeys(out)), list(dict.fromkeys(notes))
 
 
 def candidates(task: Task, budget: int) -> list[dict[str, Any]]:
-    """The rule's defaults first, then up to ``budget - 1`` other hints that fit the shape, cheapest
-    first by the cost model (deterministic)."""
-    if task.arch.startswith("llvm"):
-        from mxgemm.rules import cpu
-
-        return cpu.candidates(task.n)[: max(1, budget)]  # the default (first fitting tile) leads
+    """The routed rule's defaults first, then up to ``budget - 1`` other hints that fit the shape,
+    cheapest first by its cost model (deterministic)."""
     from mxgemm import rules
 
-    f = formats.get(task.fmt)
-    tgt = task.target()
-    rule = rules.rule_for(task.fmt, task.n, task.k, task.m_bucket, task.a_dtype, f.block_size, tgt)
-    default = rule.default_hints(tgt, task.n, task.k, f, task.m_bucket, f.block_size)
-    cands = rule.candidates(task.n, task.m_bucket, f, f.block_size)
-    fits = [h for h in cands if rule.fits(h, task.n, task.k, f)]
-    rest = sorted(
-        (h for h in fits if h != default),
-        key=lambda h: rule.cost(h, tgt, task.n, task.k, f, task.m_bucket),
-    )
+    spec = task.spec()
+    rule = rules.rule_for(spec)
+    if rule is None:
+        return []
+    default = rule.default_hints(spec)
+    rest = sorted((h for h in rule.candidates(spec) if h != default), key=lambda h: rule.cost(spec, h))
     return [h.to_dict() for h in [d for d in (default,) if d is not None] + rest][: max(1, budget)]
 
 
 def rule_of(task: Task) -> str:
     """The name of the rule whose hints :func:`candidates` gives for ``task`` (the router's)."""
-    if task.arch.startswith("llvm"):
-        return "cpu"
     from mxgemm import rules
 
-    f = formats.get(task.fmt)
-    rule = rules.rule_for(task.fmt, task.n, task.k, task.m_bucket, task.a_dtype, f.block_size, task.target())
-    return rule.__name__.rsplit(".", maxsplit=1)[-1]
+    rule = rules.rule_for(task.spec())
+    if rule is None:
+        raise TuneError(f"{task}: no rule with hints serves it")
+    return rule.name
 
 
 # ---- step 1: build ---------------------------------------------------------------------------------
@@ -138,7 +134,7 @@ def _build_one(item: tuple[Task, dict[str, Any]]) -> dict[str, Any] | None:
     try:
         kern = builder.build(
             task.fmt, n=task.n, k=task.k, m_bucket=task.m_bucket, a_dtype=task.a_dtype, target=task.target(),
-            hints=hints, rule=rule_of(task),
+            block_size=task.block_size, hints=hints, rule=rule_of(task),
         )  # fmt: skip
     except Exception as e:  # noqa: BLE001 (a candidate the compiler rejects is skipped, not fatal)
         log.warning("candidate %s for %s does not build: %s", hints, task, str(e).strip().splitlines()[-1])
@@ -186,7 +182,9 @@ def _inputs(task: Task, device: torch.device, copies: int):
     from mxgemm.reference import quantize
 
     g = torch.Generator(device).manual_seed(task.n * 31 + task.k)
-    q = quantize(torch.randn(task.n, task.k, generator=g, device=device) * 0.02, task.fmt)
+    q = quantize(
+        torch.randn(task.n, task.k, generator=g, device=device) * 0.02, task.fmt, block_size=task.block_size
+    )
     weights = [[t.clone() for t in transform_weight(q)] for _ in range(copies)]
     m = task.m_bucket or 64
     x = torch.randn(m, task.k, generator=g, device=device).to(getattr(torch, task.a_dtype))
@@ -237,12 +235,8 @@ def measure(kernel_dir: str | Path, seconds: float | None = None, progress=None)
             continue
         if not task.arch.startswith("llvm") and not torch.cuda.is_available():
             raise TuneError(f"{task.arch} kernels need a CUDA GPU to measure")
-        spec = builder.KernelSpec(
-            task.fmt, task.n, task.k, task.m_bucket, task.a_dtype, task.a_dtype, False,
-            formats.get(task.fmt).block_size, task.target(),
-        )  # fmt: skip
         path = Path(e["path"]) if Path(e["path"]).is_absolute() else root / e["path"]
-        kernel = builder.Kernel(spec, path, {"rule": e["rule"], "hints": e["hints"]})
+        kernel = builder.Kernel(task.spec(), path, {"rule": e["rule"], "hints": e["hints"]})
         us = _time(kernel, task)
         rec = tunelog.Record(
             **asdict(task), rule=e["rule"], config=e["hints"], us=us, gpu=gpu, versions=e["versions"]

@@ -1,9 +1,9 @@
 """Tune logs: offline tuning results, one JSON record per line, looked up at build time (never tuned there).
 
-A record is keyed by (fmt, n, k, m_bucket, a_dtype, arch) and holds the schedule rule and config that
-won, its measured µs, the GPU, and the versions that built it (:func:`rule_versions`: mxgemm, TVM,
-nvcc, and a digest of the sources the rule's hints depend on, so editing one rule does not throw away
-the other rules' records). Lookups read
+A record is keyed by (fmt, n, k, m_bucket, a_dtype, block_size, arch) and holds the schedule rule and
+the config that won, its measured µs, the GPU, and the versions that built it (:func:`rule_versions`:
+mxgemm, TVM, nvcc, and a digest of the sources the rule's hints depend on, so editing one rule does not
+throw away the other rules' records). Lookups read
 the shipped log (``tune_logs/<arch>.json`` beside the package) and the user's log
 (``$MXGEMM_TUNE_LOG`` or ``<user data dir>/tune_logs/<arch>.json``); a record from other versions is
 skipped (debug message) and a corrupt line or file is skipped with a warning, never an error.
@@ -28,12 +28,14 @@ from filelock import FileLock
 from mxgemm.codegen import digest
 
 log = logging.getLogger(__name__)
-KEY_FIELDS = ("fmt", "n", "k", "m_bucket", "a_dtype", "arch")
+KEY_FIELDS = ("fmt", "n", "k", "m_bucket", "a_dtype", "block_size", "arch")
 
 
 @dataclass(frozen=True)
 class Key:
-    """What a tune log is keyed by: (format, N, K, M bucket, activation dtype, arch)."""
+    """What a tune log is keyed by: (format, N, K, M bucket, activation dtype, block size, arch).
+    ``block_size`` (keyword) defaults to the format's: records written before it was in the key were
+    all tuned at that block size."""
 
     fmt: str
     n: int
@@ -41,6 +43,13 @@ class Key:
     m_bucket: int | None
     a_dtype: str
     arch: str
+    block_size: int = field(default=0, kw_only=True)
+
+    def __post_init__(self) -> None:
+        if not self.block_size:
+            from mxgemm import formats
+
+            object.__setattr__(self, "block_size", formats.get(self.fmt).block_size)
 
     def key(self) -> tuple:
         return tuple(getattr(self, f) for f in KEY_FIELDS)
@@ -61,7 +70,7 @@ class Record(Key):
         """The record a JSON object describes; ValueError naming the first field of the wrong kind."""
         if not isinstance(d, dict):
             raise ValueError(f"a record is a JSON object, got {type(d).__name__}")
-        missing = [f for f in (*KEY_FIELDS, "rule") if f not in d]
+        missing = [f for f in (*KEY_FIELDS, "rule") if f not in d and f != "block_size"]
         if missing:
             raise ValueError(f"missing field(s) {', '.join(missing)}")
         for name, ok in _FIELD_CHECKS.items():
@@ -80,6 +89,7 @@ _FIELD_CHECKS = {  # what each field must hold: a NaN, negative or string time w
     "k": _count,
     "m_bucket": lambda v: v is None or _count(v),
     "a_dtype": lambda v: v in ("float16", "bfloat16"),
+    "block_size": _count,
     "arch": lambda v: isinstance(v, str),
     "rule": lambda v: isinstance(v, str),
     "config": lambda v: isinstance(v, dict),
@@ -120,7 +130,8 @@ def read(path: str | Path) -> list[Record]:
 _RULE_INPUTS = ("codegen/prim_func.py", "codegen/decode.py", "formats.py", "layout.py")
 
 
-_RULE_EXTRA = {"mma": ("codegen/pairs.py",)}  # sources a rule has on top of _RULE_INPUTS
+# sources a rule has on top of _RULE_INPUTS
+_RULE_EXTRA = {"mma": ("codegen/pairs.py", "codegen/mma.py")}
 
 
 @functools.cache

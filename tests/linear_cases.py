@@ -39,13 +39,14 @@ def rule_kernel(rule: str, fmt: str, dtype: str, bias: bool, m: int, arch: str) 
     warps, 8 steps, a two-stage ring, programmatic dependent launch, the left-shift pair decode)."""
     from mxgemm import rules
     from mxgemm.codegen import target as targets
+    from mxgemm.codegen.build import KernelSpec
     from mxgemm.rules import gemv, mma, tensorcore
 
     mod = {"gemv": gemv, "tensorcore": tensorcore}.get(rule, mma)
     n, k, _ = rule_shape(rule)
     bucket = next(b for b in mod.M_TILES if m <= b)
     tgt = targets.resolve(arch)
-    f = mxgemm.formats.get(fmt)
+    block = mxgemm.formats.get(fmt).block_size
     pinned = {
         "mma-regs": mma.Hints(1, 4, 4, 0),
         "mma-shared": mma.Hints(1, 2, 8, 2, kn=4),
@@ -54,7 +55,8 @@ def rule_kernel(rule: str, fmt: str, dtype: str, bias: bool, m: int, arch: str) 
     if rule in pinned:
         hints = pinned[rule]
     else:
-        hints = mod.default_hints(tgt, n, k, f, bucket, f.block_size)
+        spec = KernelSpec(fmt, n, k, bucket, dtype, dtype, bias, block, tgt)
+        hints = mod.RULE.default_hints(spec)
     return dict(
         fmt=fmt, n=n, k=k, m_bucket=bucket, a_dtype=dtype, bias=bias, target=tgt, hints=hints.to_dict(),
         rule=rules.name_of(hints),

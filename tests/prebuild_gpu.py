@@ -15,14 +15,14 @@ def cases(arch):
         for dt in DTYPES:
             for bias in (False, True):
                 for m in MS:
-                    yield build_args(m, "cuda", fmt=fmt, n=N, k=K, a_dtype=dt, bias=bias, target=arch)
+                    yield build_args(m, fmt=fmt, n=N, k=K, a_dtype=dt, bias=bias, target=arch)
         for m in (1, 256):  # test_every_code_decodes_exactly: a [4, 256] weight, bf16
-            yield build_args(m, "cuda", fmt=fmt, n=4, k=256, a_dtype="bfloat16", target=arch)
+            yield build_args(m, fmt=fmt, n=4, k=256, a_dtype="bfloat16", target=arch)
         if fmt in CHUNK_FORMATS:  # test_gpu_decode_kernel_writes_exactly_w
             yield dict(fmt=fmt, n=N, k=K, a_dtype="bfloat16", op="decode", target=arch)
     for fmt, block, n, k in BLOCK_CASES:
         for m in MS:
-            yield build_args(m, "cuda", fmt=fmt, n=n, k=k, a_dtype="bfloat16", block_size=block, target=arch)
+            yield build_args(m, fmt=fmt, n=n, k=k, a_dtype="bfloat16", block_size=block, target=arch)
 
 
 def module_cases(arch):
@@ -41,7 +41,6 @@ def module_cases(arch):
         if isinstance(mod, MxLinear):
             yield build_args(
                 GPU_M,
-                "cuda",
                 fmt=mod.fmt,
                 n=mod.out_features,
                 k=mod.in_features,
@@ -59,7 +58,7 @@ def minilm_cases(arch):
 
     for fmt in DEMO_FORMATS:
         for n, k in ((384, 384), (1536, 384), (384, 1536)):
-            yield build_args(36, "cuda", fmt=fmt, n=n, k=k, a_dtype="bfloat16", bias=True, target=arch)
+            yield build_args(36, fmt=fmt, n=n, k=k, a_dtype="bfloat16", bias=True, target=arch)
 
 
 def rule_cases(arch):
@@ -84,7 +83,7 @@ def rule_cases(arch):
                     yield rule_kernel(rule, fmt, dt, bias, m, arch)
             for dt in DTYPES:
                 for m in (1, 3, 5, 16, 17, 64):
-                    yield build_args(m, "cuda", fmt=fmt, n=TC_N, k=TC_K, a_dtype=dt, bias=bias, target=arch)
+                    yield build_args(m, fmt=fmt, n=TC_N, k=TC_K, a_dtype=dt, bias=bias, target=arch)
         if fmt in PDL_FORMATS:  # test_gpu_pdl_chain
             for m in (1, 16):
                 yield pdl_chain_kernel(fmt, m, arch)
@@ -99,7 +98,7 @@ def ops_cases(arch):
 
     for fmt, dtype in GPU_CASES:
         dt = str(dtype).removeprefix("torch.")
-        yield build_args(GPU_M, "cuda", fmt=fmt, n=N, k=K, a_dtype=dt, bias=True, target=arch)
+        yield build_args(GPU_M, fmt=fmt, n=N, k=K, a_dtype=dt, bias=True, target=arch)
 
 
 SETS = {

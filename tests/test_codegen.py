@@ -12,6 +12,7 @@ import pytest
 import mxgemm
 from mxgemm.codegen import cache, nvcc
 from mxgemm.codegen import target as targets
+from mxgemm.codegen.build import KernelSpec
 from mxgemm.layout import plane_widths
 from mxgemm.rules import tensorcore
 
@@ -119,7 +120,8 @@ def test_cuda_compiles_every_format(fmt):
     """Small-M (ours), M=256 (dlight) and standalone-decode (ours) schedules are produced and nvcc
     compiles them into a fatbin (no CUDA source left)."""
     bits0 = plane_widths(mxgemm.formats.get(fmt).bits)[0]
-    tc_hints = tensorcore.default_hints(targets.cuda("sm_90"), 256, 2048, mxgemm.formats.get(fmt), 64)
+    tc_spec = KernelSpec(fmt, 256, 2048, 64, "float16", "float16", False, 32, targets.cuda("sm_90"))
+    tc_hints = tensorcore.RULE.default_hints(tc_spec)
     for m_bucket, dtype, op, rule, hints in (
         (1, "float16", "linear", "gemv" if bits0 == 8 else "mma", None),  # 8-bit codes stream faster
         (4, "float16", "linear", "mma", None),
@@ -176,19 +178,22 @@ def test_routing_by_bucket_format_and_shape():
     `mxgemm.linear` (`ops.plan`): fp16 up to 64 rows runs the mma rule where it tiles the shape, except
     8-bit codes at M=1 (gemv); bf16 small M runs gemv; beyond 64 rows, decode + cuBLAS."""
     from mxgemm import ops, rules
-    from mxgemm.rules import gemv, mma
 
     tgt = targets.cuda("sm_90")
-    assert rules.rule_for("mxfp4", 4096, 4096, 1, "float16", 32, tgt) is mma
-    assert rules.rule_for("mxfp8_e4m3", 4096, 4096, 1, "float16", 32, tgt) is gemv
-    assert rules.rule_for("mxfp8_e4m3", 4096, 4096, 4, "float16", 32, tgt) is mma
-    assert rules.rule_for("mxfp6_e3m2", 4096, 4096, 64, "float16", 32, tgt) is mma
-    assert rules.rule_for("mxfp4", 4096, 4096, 16, "bfloat16", 32, tgt) is gemv
-    # block 16: two scales a step
-    assert rules.rule_for("mxfp4", 4096, 4096, 16, "float16", 16, tgt) is not mma
-    assert rules.rule_for("mxfp4", 4104, 4096, 1, "float16", 32, tgt) is gemv  # N not a multiple of 16
-    assert rules.rule_for("mxfp4", 4096, 4096, 256, "float16", 32, tgt) is None  # dlight
-    plans = {m: ops.plan(m, "cuda", "mxfp4", 4096, 4096, "float16") for m in (1, 2, 5, 16, 17, 64, 65)}
+
+    def routed(fmt, n, k, bucket, dt, block=32):
+        rule = rules.rule_for(KernelSpec(fmt, n, k, bucket, dt, dt, False, block, tgt))
+        return rule.name if rule else None
+
+    assert routed("mxfp4", 4096, 4096, 1, "float16") == "mma"
+    assert routed("mxfp8_e4m3", 4096, 4096, 1, "float16") == "gemv"
+    assert routed("mxfp8_e4m3", 4096, 4096, 4, "float16") == "mma"
+    assert routed("mxfp6_e3m2", 4096, 4096, 64, "float16") == "mma"
+    assert routed("mxfp4", 4096, 4096, 16, "bfloat16") == "gemv"
+    assert routed("mxfp4", 4096, 4096, 16, "float16", 16) == "tensorcore"  # block 16: two scales a step
+    assert routed("mxfp4", 4104, 4096, 1, "float16") == "gemv"  # N not a multiple of 16
+    assert routed("mxfp4", 4096, 4096, 256, "float16") is None  # dlight
+    plans = {m: ops.plan(m, "sm_90", "mxfp4", 4096, 4096, "float16") for m in (1, 2, 5, 16, 17, 64, 65)}
     assert plans == {
         1: ("linear", 1),
         2: ("linear", 4),
@@ -198,8 +203,8 @@ def test_routing_by_bucket_format_and_shape():
         64: ("linear", 64),
         65: ("decode", None),
     }
-    assert ops.plan(16, "cuda", "mxfp4", 4096, 4096, "bfloat16") == ("decode", None)
-    assert ops.plan(3, "cpu", "mxfp4", 4096, 4096, "float16") == ("linear", None)
+    assert ops.plan(16, "sm_90", "mxfp4", 4096, 4096, "bfloat16") == ("decode", None)
+    assert ops.plan(3, "llvm", "mxfp4", 4096, 4096, "float16") == ("linear", None)
 
 
 RING_HINTS = {"nt": 2, "kw": 4, "unroll": 8, "stages": 2, "kn": 1, "pdl": 0, "shl": 0}
@@ -209,14 +214,22 @@ SHARED_HINTS = {"nt": 1, "kw": 2, "unroll": 8, "stages": 2, "kn": 4, "pdl": 0, "
 
 def test_mma_ring_needs_block_32_scales():
     """A ring reads one scale byte per 32-wide step: other block sizes get the register pipeline."""
-    from mxgemm import formats
+    from mxgemm import formats, rules
+    from mxgemm.codegen import mma as mma_kernel
     from mxgemm.rules import mma
 
     tgt = targets.cuda("sm_90")
-    fp4 = formats.get("mxfp4")
-    assert mma.default_hints(tgt, 4096, 4096, fp4, 1).stages == 2
-    assert mma.default_hints(tgt, 4096, 4096, fp4, 1, block_size=64).stages == 0
-    assert all(not h.stages for h in mma.candidates(4096, 16, fp4, block_size=64))
+    rule = rules.get("mma")
+    for m in (1, 4, 16):
+        assert (
+            rule.default_hints(
+                KernelSpec("mxfp4", 4096, 4096, m, "float16", "float16", False, 32, tgt)
+            ).stages
+            == 2
+        )
+        block64 = KernelSpec("mxfp4", 4096, 4096, m, "float16", "float16", False, 64, tgt)
+        assert rule.default_hints(block64).stages == 0
+        assert rule.candidates(block64) and all(not h.stages for h in rule.candidates(block64))
     # a ring's blocks: no static shared memory; the sum reuses the ring (the larger of the two)
     ring = mma.Hints(1, 8, 8, 2)
     assert mma.smem_bytes(ring, 64, 2) == (0, max(7 * 8 * 512, 8 * 2 * (16 * 8 * 4 * 2 + 16 * 8)))
@@ -227,7 +240,7 @@ def test_mma_ring_needs_block_32_scales():
     with pytest.raises(ValueError, match="out of range"):
         mma.Hints(1, 4, 2, 0, kn=2)  # the register pipeline has no shared activations
     with pytest.raises(ValueError, match="one scale per 32-wide step"):
-        mma.kernel(
+        mma_kernel.kernel(
             formats.get("bfp4"), n=256, k=1024, m_tile=1, out_dtype="float16", bias=False, block_size=64,
             hints=mma.Hints(**RING_HINTS),
         )  # fmt: skip

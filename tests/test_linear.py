@@ -8,6 +8,7 @@ import torch
 
 import mxgemm
 from mxgemm import ops
+from mxgemm.codegen import target as targets
 from tests.linear_cases import (
     BLOCK_CASES,
     CHUNK_FORMATS,
@@ -64,7 +65,13 @@ def _run(fmt, dtype, bias, m, device, n=N, k=K, block_size=None, batch=()):
     x = torch.randn(*batch, m, k, generator=g).to(dt).to(device)
     b = torch.randn(n, generator=g).to(dt).to(device) if bias else None
     y = mxgemm.linear(x, q, b)
-    _check(x, q, b, y, cublas=device == "cuda" and ops.plan(m, "cuda", fmt, n, k, dtype)[0] == "decode")
+    _check(
+        x,
+        q,
+        b,
+        y,
+        cublas=device == "cuda" and ops.plan(m, targets.device_arch(), fmt, n, k, dtype)[0] == "decode",
+    )
 
 
 @pytest.mark.parametrize("m", MS)

@@ -2,37 +2,101 @@
 that rule, typed; nothing is guessed from field names; the router and the tuner agree. TIR only (no
 nvcc, no GPU)."""
 
+import itertools
 import logging
 
 import pytest
 
 from mxgemm import formats, rules, tune
 from mxgemm.codegen import target as targets
-from mxgemm.codegen.build import KernelSpec, _typed
-from mxgemm.codegen.prim_func import prim_func
-from mxgemm.rules import gemv, mma, tensorcore
+from mxgemm.codegen.build import KernelSpec, _typed, schedule
+from mxgemm.rules import base, cpu, gemv, mma
+from mxgemm.rules.base import Rule
+
+
+def _spec(fmt, n, k, m_bucket, a_dtype, block_size=32, arch="sm_90", op="linear"):
+    tgt = targets.resolve(arch)
+    return KernelSpec(fmt, n, k, m_bucket, a_dtype, a_dtype, False, block_size, tgt, op=op)
 
 
 def _schedule(fmt, n, k, m_bucket, a_dtype, hints=None, rule=None):
-    tgt = targets.cuda("sm_90")
-    spec = KernelSpec(fmt, n, k, m_bucket, a_dtype, a_dtype, False, 32, tgt)
-
-    def make(decode_dtype):
-        m = 1 if m_bucket == 1 else None
-        return prim_func(fmt, n=n, k=k, m=m, a_dtype=a_dtype, out_dtype=a_dtype, decode_dtype=decode_dtype)
-
-    return rules.schedule(make, tgt, spec, hints, rule)
+    spec = KernelSpec(
+        fmt, n, k, m_bucket, a_dtype, a_dtype, False, 32, targets.cuda("sm_90"), rule, hints or {}
+    )
+    got = schedule(spec)
+    return got.rule, got.mod, got.hints.to_dict() if got.hints is not None else {}
 
 
 def test_the_registry_names_every_rule():
     assert rules.RULES == ("cpu", "mma", "gemv", "tensorcore", "dequant", "dlight")
-    assert {rules.get(n).__name__ for n in rules.RULES} == {f"mxgemm.rules.{n}" for n in rules.RULES}
+    for name in rules.RULES:
+        rule = rules.get(name)
+        assert (
+            isinstance(rule, Rule) and rule.name == name and type(rule).__module__ == f"mxgemm.rules.{name}"
+        )
+        assert (rule.Hints is not None) == (name in rules.TUNABLE)
     assert rules.get("dlight.GEMV") is rules.get("dlight")
     with pytest.raises(ValueError, match="no schedule rule 'fastest'"):
         rules.get("fastest")
     assert rules.name_of(mma.Hints()) == "mma" and rules.name_of(gemv.Hints()) == "gemv"
+    assert rules.name_of(cpu.Hints(4)) == "cpu"
     with pytest.raises(TypeError, match="not a schedule rule's Hints"):
         rules.name_of({"rows": 2})
+
+
+@pytest.mark.parametrize(
+    ("spec", "serving"),
+    [
+        (_spec("mxfp4", 4096, 4096, 1, "float16"), {"mma", "gemv", "dlight"}),
+        (_spec("mxfp4", 4096, 4096, 16, "float16"), {"mma", "gemv", "tensorcore", "dlight"}),
+        (_spec("mxfp4", 4096, 4096, 64, "float16"), {"mma", "tensorcore", "dlight"}),
+        (_spec("mxfp4", 4096, 4096, 256, "float16"), {"dlight"}),
+        (_spec("mxfp4", 4096, 4096, 16, "bfloat16"), {"gemv", "dlight"}),  # no bf16 tensor-core rule yet
+        (_spec("mxfp4", 4096, 4096, 4, "float16", block_size=16), {"gemv", "dlight"}),  # 2 scales a step
+        (_spec("mxfp4", 4104, 4096, 4, "float16"), {"gemv", "dlight"}),  # N not a multiple of 16
+        (_spec("mxfp4", 4096, 4096, 1, "float16", op="decode"), {"dequant", "dlight"}),
+        (_spec("mxfp4", 4096, 4096, None, "bfloat16", arch="llvm"), {"cpu"}),
+        (_spec("mxfp4", 4096, 4096, None, "bfloat16", arch="llvm", op="decode"), set()),
+    ],
+    ids=["m1", "m16", "m64", "m256", "bf16", "block16", "ragged-n", "decode", "cpu", "cpu-decode"],
+)
+def test_each_rule_accepts_and_declines_the_right_specs(spec, serving):
+    assert {name for name in rules.RULES if rules.get(name).applies(spec)} == serving
+
+
+@pytest.mark.parametrize("name", rules.TUNABLE)
+def test_default_hints_are_valid_for_every_format_block_and_bucket_a_rule_claims(name):
+    rule = rules.get(name)
+    claimed = 0
+    for fmt, block, bucket, dt, arch in itertools.product(
+        formats.names(),
+        (16, 32, 64),
+        (1, 4, 16, 64, 256, None),
+        ("float16", "bfloat16"),
+        ("sm_90", "sm_80", "llvm"),
+    ):
+        spec = _spec(fmt, 2048, 4096, bucket, dt, block, arch)
+        if not rule.applies(spec):
+            assert rule.default_hints(spec) is None or name == "cpu"
+            continue
+        claimed += 1
+        h = rule.default_hints(spec)
+        assert h in rule.candidates(spec), (spec, h)
+        assert rule.typed(h.to_dict()) == h  # round trip through a tune record
+    assert claimed > 0
+
+
+def test_archs_without_a_table_take_the_cost_models_choice():
+    """sm_90 defaults come from ``schedules/sm_90.json``; sm_80 has none and takes the cheapest candidate."""
+    mma_rule = rules.get("mma")
+    h90 = mma_rule.default_hints(_spec("mxfp4", 4096, 4096, 1, "float16"))  # ≤ 4 16-row tiles an SM
+    assert (h90.nt, h90.kw, h90.unroll, h90.stages) == (1, 8, 8, 2)  # the table's first row that fits
+    h90 = mma_rule.default_hints(_spec("mxfp4", 14336, 4096, 1, "float16"))  # more
+    assert (h90.nt, h90.kw, h90.unroll, h90.stages) == (1, 4, 8, 2)
+    s80 = _spec("mxfp4", 4096, 4096, 1, "float16", arch="sm_80")
+    assert base.table("sm_80") == {}
+    h80 = mma_rule.default_hints(s80)
+    assert h80 == min(mma_rule.candidates(s80), key=lambda h: mma_rule.cost(s80, h)) and not h80.pdl
 
 
 def test_a_record_reaches_the_rule_it_names_typed():
@@ -41,8 +105,7 @@ def test_a_record_reaches_the_rule_it_names_typed():
     hints = gemv.Hints(rows=2, load_bytes=8, a_vec=4).to_dict()
     name, _, used = _schedule("mxfp4", 256, 2048, 4, "float16", hints, "gemv")
     assert (name, used) == ("gemv", hints)
-    f = formats.get("mxfp4")
-    tc = next(h for h in tensorcore.candidates(256, 64, f) if tensorcore.fits(h, 256, 2048, f)).to_dict()
+    tc = rules.get("tensorcore").candidates(_spec("mxfp4", 256, 2048, 64, "float16"))[0].to_dict()
     assert _schedule("mxfp4", 256, 2048, 64, "float16", tc, "tensorcore")[::2] == ("tensorcore", tc)
 
 
@@ -57,7 +120,7 @@ def test_nothing_is_guessed_from_field_names(caplog):
     assert "ignoring tuned hints" in caplog.text
     with caplog.at_level(logging.WARNING, logger="mxgemm.rules"):
         assert _schedule("mxfp4", 256, 2048, 4, "float16", mma_like, None)[2] == default[2]
-    assert "name no rule" in caplog.text
+    assert "no rule None with hints" in caplog.text
 
 
 def test_build_takes_typed_hints_or_a_dict_with_its_rule():
@@ -82,8 +145,32 @@ def test_build_takes_typed_hints_or_a_dict_with_its_rule():
 )
 def test_the_router_the_tuner_and_the_scheduler_agree(fmt, n, k, m_bucket, a_dtype):
     task = tune.Task(fmt, n, k, m_bucket, a_dtype, "sm_90")
-    routed = rules.rule_for(fmt, n, k, m_bucket, a_dtype, 32, targets.cuda("sm_90")).__name__.split(".")[-1]
+    routed = rules.rule_for(_spec(fmt, n, k, m_bucket, a_dtype)).name
     assert tune.rule_of(task) == routed
     default = tune.candidates(task, 1)[0]
     name, _, used = _schedule(fmt, n, k, m_bucket, a_dtype)
     assert (name, used) == (routed, default)  # the tuner's first candidate is what runs untuned
+
+
+def test_the_package_has_no_import_circle():
+    """No module imports (at the top or inside a function, type-only imports included) one that
+    imports it back, directly or through others."""
+    import ast
+    import graphlib
+    from pathlib import Path
+
+    root = Path(rules.__file__).resolve().parents[1]
+    names = {
+        ".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in root.rglob("*.py")
+    }
+    graph = {}
+    for name, path in names.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mxgemm"):
+                deps |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+        graph[name] = {d for d in deps if d in names and d not in (name, "mxgemm")}
+    graphlib.TopologicalSorter(graph).prepare()  # CycleError names the circle

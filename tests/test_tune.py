@@ -68,10 +68,12 @@ def test_candidates_deterministic_and_valid(arch, fmt, m_bucket, dtype, rule):
     task = tune.Task(fmt, 11008 if rule is gemv else 14336, 4096, m_bucket, dtype, arch)
     cands = tune.candidates(task, 8)
     assert cands == tune.candidates(task, 8) and len(cands) == 8
-    f = mxgemm.formats.get(fmt)
-    default = rule.default_hints(targets.cuda(arch), task.n, task.k, f, m_bucket, f.block_size)
+    spec = task.spec()
+    assert tune.rule_of(task) == rule.RULE.name
+    default = rule.RULE.default_hints(spec)
     assert cands[0] == default.to_dict() and len({json.dumps(c) for c in cands}) == 8
-    assert all(rule.fits(rule.Hints(**c), task.n, task.k, f) for c in cands)
+    f = mxgemm.formats.get(fmt)
+    assert all(rule.fits(rule.Hints(**c), task.n, task.k, *([f] if rule is gemv else [])) for c in cands)
 
 
 @pytest.mark.nvcc
@@ -97,9 +99,8 @@ def test_every_mma_candidate_builds():
 @pytest.mark.nvcc
 def test_tensorcore_candidates_build():
     """The tensor-core rule's cheapest candidates compile when a tune log's hints pin the rule."""
-    tgt, f = targets.cuda("sm_90"), mxgemm.formats.get("mxfp6_e2m3")
-    fits = [h for h in tensorcore.candidates(256, 64, f) if tensorcore.fits(h, 256, 2048, f)]
-    for h in sorted(fits, key=lambda h: tensorcore.cost(h, tgt, 256, 2048, f, 64))[:6]:
+    spec = tune.Task("mxfp6_e2m3", 256, 2048, 64, "float16", "sm_90").spec()
+    for h in sorted(tensorcore.RULE.candidates(spec), key=lambda h: tensorcore.RULE.cost(spec, h))[:6]:
         k = mxgemm.build("mxfp6_e2m3", n=256, k=2048, m_bucket=64, target="sm_90", hints=h)
         assert k.rule == "tensorcore" and k.info["hints"] == h.to_dict() and "mma_sync" in k.source
 

@@ -46,6 +46,21 @@ def test_lookup_skips_other_versions_and_prefers_the_fastest(tmp_path, caplog):
     assert tunelog.lookup(rec(1, n=1).key(), V1, [shipped, user]) is None  # missing: default hints
 
 
+def test_the_block_size_is_part_of_the_key(tmp_path):
+    """A record tuned at block 64 is not used for block 32; a record written before the block size was
+    in the key reads as its format's block size (what it was tuned at)."""
+    p = tmp_path / "sm_90.json"
+    at64 = Record(**{**rec(9.0).__dict__, "block_size": 64})
+    tunelog.merge(p, [rec(20.0, rows=2), at64], V1)
+    assert {r.block_size for r in tunelog.read(p)} == {32, 64}
+    assert tunelog.lookup(rec(1).key(), V1, [p]).us == 20.0
+    assert tunelog.lookup(at64.key(), V1, [p]).us == 9.0
+    old = json.loads(p.read_text().splitlines()[0])
+    del old["block_size"]
+    p.write_text(json.dumps(old) + "\n")
+    assert tunelog.read(p)[0].block_size == 32 and tunelog.read(p)[0].key() == rec(1).key()
+
+
 def test_corrupt_lines_and_files_are_warnings_not_errors(tmp_path):
     p = tmp_path / "sm_90.json"
     tunelog.merge(p, [rec(20.0)], V1)

@@ -16,11 +16,11 @@ from typing import Any
 import torch
 
 import mxgemm
-from mxgemm import config, formats, system
+from mxgemm import formats, system
 from mxgemm.codegen import cache
 from mxgemm.codegen import target as targets
+from mxgemm.codegen.shapes import check_shape, dtype_name
 
-A_DTYPES = tuple(config.A_DTYPES)  # "float16", "bfloat16"
 M_BUCKETS = (1, 4, 16, 64, 256, None)  # None: no upper bound
 OPS = ("linear", "decode")
 
@@ -140,39 +140,42 @@ def _compile(spec: KernelSpec, out: Path) -> dict[str, Any]:
     """Schedule, compile and export ``spec`` to ``out``; returns metadata (rule, hints, source)."""
     import tvm
 
-    from mxgemm import rules
-    from mxgemm.codegen.prim_func import decode_func, prim_func
+    from mxgemm.codegen.nvcc import compile_module
 
-    if spec.op == "decode":
-        func = decode_func(spec.fmt, n=spec.n, k=spec.k, dtype=spec.a_dtype, block_size=spec.block_size)
-        rule, mod = rules.schedule_decode(func, spec.target)
-        hints: dict[str, Any] = {}
-    else:
-
-        def make(decode_dtype: str | None):
-            return prim_func(
-                spec.fmt,
-                n=spec.n,
-                k=spec.k,
-                m=1 if spec.m_bucket == 1 else None,
-                a_dtype=spec.a_dtype,
-                out_dtype=spec.out_dtype,
-                bias=spec.bias,
-                block_size=spec.block_size,
-                decode_dtype=decode_dtype,
-            )
-
-        rule, mod, hints = rules.schedule(make, spec.target, spec, spec.hints or None, spec.rule)
+    rule, mod, hints = schedule(spec)
     if targets.is_cuda(spec.target):
-        from mxgemm.codegen import nvcc
-
-        ex = nvcc.compile_module(mod, spec.target)
+        ex = compile_module(mod, spec.target)
         source = ex.mod.imports[0].inspect_source("cuda")
     else:
         ex = tvm.compile(mod, target=spec.target)
         source = ex.mod.inspect_source("ll")
     ex.export_library(str(out))
-    return {"rule": rule, "hints": hints, "source": source}
+    return {"rule": rule, "hints": hints.to_dict() if hints is not None else {}, "source": source}
+
+
+def schedule(spec: KernelSpec):
+    """The :class:`~mxgemm.rules.base.Scheduled` kernel of ``spec`` (rule, IRModule, hints), not
+    compiled: its ``hints`` of rule ``rule`` first, else the routed rule's defaults
+    (:func:`mxgemm.rules.schedule`)."""
+    from mxgemm import rules
+    from mxgemm.codegen.prim_func import decode_func, prim_func
+
+    def make(decode_dtype: str | None):
+        if spec.op == "decode":
+            return decode_func(spec.fmt, n=spec.n, k=spec.k, dtype=spec.a_dtype, block_size=spec.block_size)
+        return prim_func(
+            spec.fmt,
+            n=spec.n,
+            k=spec.k,
+            m=1 if spec.m_bucket == 1 else None,
+            a_dtype=spec.a_dtype,
+            out_dtype=spec.out_dtype,
+            bias=spec.bias,
+            block_size=spec.block_size,
+            decode_dtype=decode_dtype,
+        )
+
+    return rules.schedule(spec, make, spec.hints or None, spec.rule)
 
 
 _loaded: dict[str, Kernel] = {}
@@ -212,8 +215,8 @@ def build(
     f = formats.get(fmt)
     bs = formats.check_block_size(block_size, f)
     tgt = targets.resolve(target)
-    a = _dtype_name(a_dtype, "a_dtype")
-    o = _dtype_name(out_dtype, "out_dtype") if out_dtype is not None else a
+    a = dtype_name(a_dtype, "a_dtype")
+    o = dtype_name(out_dtype, "out_dtype") if out_dtype is not None else a
     if m_bucket not in M_BUCKETS:
         raise ValueError(f"m_bucket must be one of {M_BUCKETS}, got {m_bucket!r}")
     if op not in OPS:
@@ -222,12 +225,12 @@ def build(
         m_bucket = None
     if op == "decode" and (bias or o != a):
         raise ValueError("op='decode' writes W in a_dtype: it takes no bias and no other out_dtype")
-    _check_shape(n, k, bs)
+    check_shape(n, k, bs)
     if targets.is_cuda(tgt) and system.nvcc_version() is None:
         raise RuntimeError("CUDA kernels need nvcc on PATH (the CUDA toolkit); CPU kernels work without it")
     rule, hints = _typed(hints, rule)
     if hints is None and op == "linear":
-        rule, hints = tuned_hints(f.name, n, k, m_bucket, a, tgt) or (None, None)
+        rule, hints = tuned_hints(f.name, n, k, m_bucket, a, tgt, bs) or (None, None)
     spec = KernelSpec(f.name, n, k, m_bucket, a, o, bias, bs, tgt, rule, dict(hints or {}), op)
     skey = json.dumps(spec.key(), sort_keys=True, default=str)
     with _loaded_lock:
@@ -246,13 +249,15 @@ def arch_name(target: dict[str, Any]) -> str:
 
 
 def tuned_hints(
-    fmt: str, n: int, k: int, m_bucket: int | None, a_dtype: str, target: dict[str, Any]
+    fmt: str, n: int, k: int, m_bucket: int | None, a_dtype: str, target: dict[str, Any], block_size: int
 ) -> tuple[str, dict[str, Any]] | None:
     """(rule, hints) of the tune-log record (shipped log, then the user's) for this layer shape and
-    bucket, built with the current versions; None when there is none (the rule's defaults apply)."""
+    bucket and block size, built with the current versions; None when there is none (the rule's
+    defaults apply)."""
     from mxgemm import tunelog
 
-    rec = tunelog.lookup((fmt, n, k, m_bucket, a_dtype, arch_name(target)), versions(target))
+    key = tunelog.Key(fmt, n, k, m_bucket, a_dtype, arch_name(target), block_size=block_size).key()
+    rec = tunelog.lookup(key, versions(target))
     return (rec.rule, dict(rec.config)) if rec is not None else None
 
 
@@ -273,18 +278,3 @@ def _typed(hints: Any, rule: str | None) -> tuple[str | None, dict[str, Any] | N
     if rule is not None and rule != name:
         raise ValueError(f"hints {hints!r} belong to rule {name!r}, not {rule!r}")
     return name, hints.to_dict()
-
-
-def _check_shape(n: int, k: int, block_size: int) -> None:
-    for name, v in (("n", n), ("k", k)):
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-    if k % block_size:
-        raise ValueError(f"k={k} is not a multiple of block_size={block_size}")
-
-
-def _dtype_name(dt: str | torch.dtype, arg: str) -> str:
-    name = str(dt).removeprefix("torch.")
-    if name not in A_DTYPES:
-        raise ValueError(f"{arg} must be one of {A_DTYPES}, got {dt!r}")
-    return name

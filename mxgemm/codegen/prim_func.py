@@ -5,8 +5,8 @@ from __future__ import annotations
 from tvm import te, tirx
 
 from mxgemm import formats, packing
-from mxgemm.codegen.build import _check_shape, _dtype_name
 from mxgemm.codegen.decode import weight_expr
+from mxgemm.codegen.shapes import check_shape, dtype_name
 from mxgemm.layout import plane_widths
 
 
@@ -37,12 +37,12 @@ def prim_func(
     """
     f = formats.get(fmt)
     bs = formats.check_block_size(block_size, f)
-    a_dtype = _dtype_name(a_dtype, "a_dtype")
-    out_dtype = _dtype_name(out_dtype or a_dtype, "out_dtype")
+    a_dtype = dtype_name(a_dtype, "a_dtype")
+    out_dtype = dtype_name(out_dtype or a_dtype, "out_dtype")
     decode_dtype = decode_dtype or a_dtype
     if decode_dtype not in (a_dtype, "float32"):
         raise ValueError(f"decode_dtype must be a_dtype ({a_dtype}) or float32, got {decode_dtype!r}")
-    _check_shape(n, k, bs)
+    check_shape(n, k, bs)
     if m is not None and (not isinstance(m, int) or m <= 0):
         raise ValueError(f"m must be a positive int or None (dynamic), got {m!r}")
 
@@ -95,8 +95,8 @@ def decode_func(
     """
     f = formats.get(fmt)
     bs = formats.check_block_size(block_size, f)
-    dtype = _dtype_name(dtype, "dtype")
-    _check_shape(n, k, bs)
+    dtype = dtype_name(dtype, "dtype")
+    check_shape(n, k, bs)
     b, s, w = _decoded_weight(f, n, k, bs, dtype)
     func = te.create_prim_func([*b, s, w], index_dtype_override="int64" if n * k >= 2**31 else None)
     return func.with_attr("global_symbol", "main")

@@ -84,6 +84,16 @@ def device_arch(index: int | None = None) -> str:
     return f"sm_{major}{minor}"
 
 
+def for_device(device: Any) -> dict[str, Any]:
+    """The target of a torch device: its CUDA arch, or this CPU."""
+    return cuda(device_arch(device.index)) if device.type == "cuda" else cpu()
+
+
+def arch_of(target: dict[str, Any]) -> str:
+    """``"sm_90"`` for a CUDA target, ``"llvm"`` for a CPU one (what :func:`mxgemm.ops.plan` takes)."""
+    return target["arch"] if is_cuda(target) else "llvm"
+
+
 def sm_count(arch: str) -> int:
     """Streaming multiprocessors to plan grids for (the arch's data-center part; a hint, not a limit)."""
     return _SM_COUNT.get(sm_version(arch), 108)

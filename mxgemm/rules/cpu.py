@@ -7,41 +7,71 @@ vectorized (A broadcast), then run the epilogue for that row and tile.
 
 from __future__ import annotations
 
-from tvm import s_tir, tirx
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tvm import s_tir
+
+from mxgemm.rules.base import Rule, Scheduled
 
 N_TILES = (16, 8, 4, 2, 1)  # by default the first that divides N is used
 
 
-def candidates(n: int) -> list[dict[str, int]]:
-    """The hint space the tuner searches: every N tile that divides ``n``."""
-    return [{"n_tile": t} for t in N_TILES if n % t == 0]
+@dataclass(frozen=True)
+class Hints:
+    """n_tile: the N columns decoded and accumulated per parallel task (one of :data:`N_TILES`)."""
+
+    n_tile: int = 16
+
+    def __post_init__(self) -> None:
+        if self.n_tile not in N_TILES:
+            raise ValueError(f"cpu hints out of range: {self}")
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
 
 
-def apply(
-    func: tirx.PrimFunc, hints: dict[str, int] | None = None
-) -> tuple[tirx.PrimFunc, dict[str, int]] | None:
-    """(scheduled copy of a :func:`mxgemm.codegen.prim_func.prim_func`, hints used), or ``None`` if it
-    does not fit. hints: ``{"n_tile": t}``, the N columns decoded and accumulated per parallel task."""
-    sch = s_tir.Schedule(func)
-    try:
-        mm, dec, epi = (sch.get_sblock(name) for name in ("matmul", "decode", "epilogue"))
-    except Exception:  # noqa: BLE001 (TVM raises its own error types for a missing block)
-        return None
-    i, j, k = sch.get_loops(mm)
-    n = int(sch.get(j).extent)
-    nt = hints.get("n_tile") if hints else next(t for t in N_TILES if n % t == 0)
-    if nt not in N_TILES or n % nt:
-        return None
-    jo, ji = sch.split(j, [None, nt])
-    sch.reorder(jo, i, k, ji)
-    sch.parallel(jo)
-    sch.transform_layout(dec, ("write", 0), lambda a, b: (a // nt, b, a % nt))
-    sch.compute_at(dec, jo)
-    di, dk = sch.get_loops(dec)[-2:]
-    sch.reorder(dk, di)
-    sch.vectorize(di)
-    sch.reverse_compute_at(epi, i)
-    sch.vectorize(sch.get_loops(epi)[-1])
-    sch.vectorize(ji)  # before decompose_reduction, which would leave no complete block to vectorize
-    sch.decompose_reduction(mm, k)
-    return sch.mod["main"], {"n_tile": nt}
+class Cpu(Rule):
+    """Every linear kernel for an LLVM target."""
+
+    name = "cpu"
+    Hints = Hints
+
+    def applies(self, spec: Any) -> bool:
+        return spec.target["kind"] == "llvm" and spec.op == "linear"
+
+    def candidates(self, spec: Any) -> list[Hints]:
+        """Every N tile that divides N (the default first)."""
+        return [Hints(t) for t in N_TILES if spec.n % t == 0] if self.applies(spec) else []
+
+    def default_hints(self, spec: Any) -> Hints | None:
+        return next(iter(self.candidates(spec)), None)
+
+    def apply(self, spec: Any, make: Any, hints: Hints | None = None) -> Scheduled | None:
+        """Schedules ``make("float32")``; None when ``hints.n_tile`` does not divide N."""
+        h = hints if hints is not None else self.default_hints(spec)
+        if h is None or not self.applies(spec) or spec.n % h.n_tile:
+            return None
+        sch = s_tir.Schedule(make("float32"))
+        try:
+            mm, dec, epi = (sch.get_sblock(name) for name in ("matmul", "decode", "epilogue"))
+        except Exception:  # noqa: BLE001 (TVM raises its own error types for a missing block)
+            return None
+        nt = h.n_tile
+        i, j, k = sch.get_loops(mm)
+        jo, ji = sch.split(j, [None, nt])
+        sch.reorder(jo, i, k, ji)
+        sch.parallel(jo)
+        sch.transform_layout(dec, ("write", 0), lambda a, b: (a // nt, b, a % nt))
+        sch.compute_at(dec, jo)
+        di, dk = sch.get_loops(dec)[-2:]
+        sch.reorder(dk, di)
+        sch.vectorize(di)
+        sch.reverse_compute_at(epi, i)
+        sch.vectorize(sch.get_loops(epi)[-1])
+        sch.vectorize(ji)  # before decompose_reduction, which would leave no complete block to vectorize
+        sch.decompose_reduction(mm, k)
+        return Scheduled(self.name, sch.mod, h)
+
+
+RULE = Cpu()

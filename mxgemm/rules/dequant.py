@@ -11,39 +11,50 @@ from __future__ import annotations
 
 from typing import Any
 
-from tvm import s_tir, tirx
+from tvm import s_tir
+
+from mxgemm.rules.base import Rule, Scheduled
 
 STORE = 8  # 16-bit elements per 16-byte store
 THREADS = (128, 64, 32, 16, 8, 4, 2, 1)  # per block: the largest that divides the work exactly
 
 
-def apply(func: tirx.PrimFunc, target: dict[str, Any]) -> s_tir.Schedule | None:
-    """Schedule for :func:`mxgemm.codegen.prim_func.decode_func`, or None when K is not a multiple of 8."""
-    del target
-    sch = s_tir.Schedule(func)
-    dec = sch.get_sblock("decode")
-    planes = [r.source for r in sch.get(dec).reads][:-1]
-    i, j = sch.get_loops(dec)
-    k_ext = int(sch.get(j).extent)
-    vec = STORE  # one 16-byte store per step: a warp writes 512 contiguous bytes per instruction
-    if k_ext % vec:
-        return None
-    jo, jv = sch.split(j, [None, vec])
-    t = sch.fuse(i, jo)
-    # an exact split: a partial last block would need a guard that the cached vector store loses
-    threads = next(n for n in THREADS if int(sch.get(t).extent) % n == 0)
-    bx, tx = sch.split(t, [None, threads])
-    sch.bind(bx, "blockIdx.x")
-    sch.bind(tx, "threadIdx.x")
-    out = sch.cache_write(dec, 0, "local")
-    sch.reverse_compute_at(out, tx)
-    for idx in range(len(planes)):
-        cache = sch.cache_read(dec, idx, "local")
-        sch.compute_at(cache, tx)
-        if inner := sch.get_loops(cache)[2:]:  # a 1-bit plane's 8 codes are a single byte
-            sch.vectorize(sch.fuse(*inner))
-    sch.unroll(jv)
-    store = sch.fuse(*sch.get_loops(out)[2:])
-    _, sv = sch.split(store, [None, STORE])
-    sch.vectorize(sv)
-    return sch
+class Dequant(Rule):
+    """The standalone decode (``op="decode"``) on CUDA, K a multiple of 8."""
+
+    name = "dequant"
+
+    def applies(self, spec: Any) -> bool:
+        return spec.target["kind"] == "cuda" and spec.op == "decode" and spec.k % STORE == 0
+
+    def apply(self, spec: Any, make: Any, hints: Any = None) -> Scheduled | None:
+        """Schedules ``make(None)``, the :func:`mxgemm.codegen.prim_func.decode_func` of ``spec``."""
+        if not self.applies(spec):
+            return None
+        sch = s_tir.Schedule(make(None))
+        dec = sch.get_sblock("decode")
+        planes = [r.source for r in sch.get(dec).reads][:-1]
+        i, j = sch.get_loops(dec)
+        vec = STORE  # one 16-byte store per step: a warp writes 512 contiguous bytes per instruction
+        jo, jv = sch.split(j, [None, vec])
+        t = sch.fuse(i, jo)
+        # an exact split: a partial last block would need a guard that the cached vector store loses
+        threads = next(n for n in THREADS if int(sch.get(t).extent) % n == 0)
+        bx, tx = sch.split(t, [None, threads])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        out = sch.cache_write(dec, 0, "local")
+        sch.reverse_compute_at(out, tx)
+        for idx in range(len(planes)):
+            cache = sch.cache_read(dec, idx, "local")
+            sch.compute_at(cache, tx)
+            if inner := sch.get_loops(cache)[2:]:  # a 1-bit plane's 8 codes are a single byte
+                sch.vectorize(sch.fuse(*inner))
+        sch.unroll(jv)
+        store = sch.fuse(*sch.get_loops(out)[2:])
+        _, sv = sch.split(store, [None, STORE])
+        sch.vectorize(sv)
+        return Scheduled(self.name, sch.mod, None)
+
+
+RULE = Dequant()

@@ -15,11 +15,12 @@ import itertools
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tvm import s_tir, tirx
+from tvm import s_tir
 
 from mxgemm import formats
 from mxgemm.codegen import target as targets
 from mxgemm.layout import plane_widths
+from mxgemm.rules.base import Rule, Scheduled, cuda_linear
 
 TX = 32  # threads along K (one warp)
 M_TILES = (1, 4, 16)  # M buckets this rule serves
@@ -49,66 +50,81 @@ class Hints:
         return asdict(self)
 
 
-def default_hints(
-    target: dict[str, Any], n: int, k: int, fmt: formats.Format, m_tile: int, block_size: int = 32
-) -> Hints:
-    """Hints from the hardware and the shape: the widest load (16 bytes) that tiles K (32 threads ×
-    the load's codes of ``fmt``'s widest plane); 8-wide A loads; A read straight from
-    global memory (L1 hits; measured faster than staging it in shared memory at every M tile); 4
-    warps per block at M=1 and 2 above (more rows of A per warp need fewer warps to share an SM),
-    fewer when N is too small to give every SM 4 blocks."""
-    del block_size
-    plane_bits = plane_widths(fmt.bits)[0]
-    sms = targets.sm_count(target["arch"])
-    load = next((b for b in (16, 8, 4) if k % (TX * b * 8 // plane_bits) == 0), 16)
-    rows = next((r for r in (4, 2) if r <= (4 if m_tile == 1 else 2) and n % r == 0 and n // r >= 4 * sms), 1)
-    return Hints(rows=rows, load_bytes=load, a_vec=8 if load * 8 // plane_bits % 8 == 0 else 4)
-
-
-def candidates(n: int, m_tile: int, fmt: formats.Format, block_size: int = 32) -> list[Hints]:
-    """The hint space the tuner searches (deterministic order; only combinations that tile N; the
-    same for every M tile and format)."""
-    del m_tile, fmt, block_size
-    space = itertools.product((1, 2, 4, 8), (4, 8, 16), (4, 8), (False, True))
-    return [Hints(*h) for h in space if n % h[0] == 0]
-
-
 def fits(h: Hints, n: int, k: int, fmt: formats.Format) -> bool:
     """Whether ``h`` tiles an ``[n, k]`` weight of ``fmt`` (32 threads × one load of its widest plane)."""
     vec = h.load_bytes * 8 // plane_widths(fmt.bits)[0]
     return vec > 0 and k % (TX * vec) == 0 and n % h.rows == 0 and vec % h.a_vec == 0
 
 
-def cost(h: Hints, target: dict[str, Any], n: int, k: int, fmt: formats.Format, m_tile: int = 1) -> float:
-    """Relative cost (lower is better) for ranking candidates before measuring: the weight stream
-    needs ≈ 24 KB of loads in flight per SM (Little's law at HBM3 latency); narrower loads and A
-    vectors cost a few percent of issue slots each; staging A in shared memory costs barriers."""
-    sms = targets.sm_count(target["arch"])
-    warps = min(n // h.rows, sms * 64 // h.rows) * h.rows  # resident warps, ≤ 64 per SM
-    inflight = warps * TX * h.load_bytes
-    starved = max(1.0, sms * 24 * 1024 / inflight)
-    narrow = (1 + 0.05 * (16 // h.load_bytes - 1)) * (1 + 0.02 * (8 // h.a_vec - 1))
-    return starved * narrow * (1.15 if h.a_shared else 1.0)  # two barriers per step
+class Gemv(Rule):
+    """Any activation dtype, buckets 1, 4, 16 (:data:`M_TILES`), a shape the default hints tile."""
+
+    name = "gemv"
+    Hints = Hints
+
+    @staticmethod
+    def _serves(spec: Any) -> bool:
+        return cuda_linear(spec, M_TILES)
+
+    def candidates(self, spec: Any) -> list[Hints]:
+        """Every combination that tiles the shape (deterministic order)."""
+        if not self._serves(spec):
+            return []
+        f = formats.get(spec.fmt)
+        space = itertools.product((1, 2, 4, 8), (4, 8, 16), (4, 8), (False, True))
+        return [h for h in (Hints(*p) for p in space) if fits(h, spec.n, spec.k, f)]
+
+    def cost(self, spec: Any, h: Hints) -> float:
+        """The weight stream needs ≈ 24 KB of loads in flight per SM (Little's law at HBM3 latency);
+        narrower loads and A vectors cost a few percent of issue slots each; staging A in shared
+        memory costs barriers."""
+        sms = targets.sm_count(spec.target["arch"])
+        warps = min(spec.n // h.rows, sms * 64 // h.rows) * h.rows  # resident warps, ≤ 64 per SM
+        inflight = warps * TX * h.load_bytes
+        starved = max(1.0, sms * 24 * 1024 / inflight)
+        narrow = (1 + 0.05 * (16 // h.load_bytes - 1)) * (1 + 0.02 * (8 // h.a_vec - 1))
+        return starved * narrow * (1.15 if h.a_shared else 1.0)  # two barriers per step
+
+    def default_hints(self, spec: Any) -> Hints | None:
+        """From the hardware and the shape: the widest load (16 bytes) that tiles K (32 threads × the
+        load's codes of the format's widest plane); 8-wide A loads; A read straight from global memory
+        (L1 hits; measured faster than staging it in shared memory at every M tile); 4 warps per block
+        at M=1 and 2 above (more rows of A per warp need fewer warps to share an SM), fewer when N is
+        too small to give every SM 4 blocks. None when they do not tile the shape."""
+        if not self._serves(spec):
+            return None
+        fmt, n, k = formats.get(spec.fmt), spec.n, spec.k
+        plane_bits = plane_widths(fmt.bits)[0]
+        sms = targets.sm_count(spec.target["arch"])
+        load = next((b for b in (16, 8, 4) if k % (TX * b * 8 // plane_bits) == 0), 16)
+        top = 4 if spec.m_bucket == 1 else 2
+        rows = next((r for r in (4, 2) if r <= top and n % r == 0 and n // r >= 4 * sms), 1)
+        h = Hints(rows=rows, load_bytes=load, a_vec=8 if load * 8 // plane_bits % 8 == 0 else 4)
+        return h if fits(h, n, k, fmt) else None
+
+    def apply(self, spec: Any, make: Any, hints: Hints | None = None) -> Scheduled | None:
+        """Schedules ``make("float32")`` (the decode in float32; static M=1 for the bucket 1, dynamic M
+        otherwise) serving M up to the bucket; None when the hints do not tile the shape (K a multiple
+        of 32 × vec, N of ``hints.rows``)."""
+        h = hints if hints is not None else self.default_hints(spec)
+        fmt = formats.get(spec.fmt)
+        if h is None or not self._serves(spec) or not fits(h, spec.n, spec.k, fmt):
+            return None
+        sch = s_tir.Schedule(make("float32"))
+        try:
+            dec, mm, epi = (sch.get_sblock(n) for n in ("decode", "matmul", "epilogue"))
+        except Exception:  # noqa: BLE001 (a missing block: not our prim_func)
+            return None
+        _schedule(sch, dec, mm, epi, h, spec.m_bucket, h.load_bytes * 8 // plane_widths(fmt.bits)[0])
+        return Scheduled(self.name, sch.mod, h)
 
 
-def apply(
-    func: tirx.PrimFunc, target: dict[str, Any], fmt: formats.Format, m_tile: int, hints: Hints | None = None
-) -> tuple[s_tir.Schedule, Hints] | None:
-    """(schedule, hints used) for ``func`` (the decode-fused prim_func of ``fmt``, decode in float32;
-    static M=1 when ``m_tile`` is 1, dynamic M otherwise) serving M up to ``m_tile``; None when the
-    shape does not fit the tiling (K a multiple of 32 × vec, N a multiple of ``hints.rows``)."""
-    sch = s_tir.Schedule(func)
-    try:
-        dec, mm, epi = (sch.get_sblock(n) for n in ("decode", "matmul", "epilogue"))
-    except Exception:  # noqa: BLE001 (a missing block: not our prim_func)
-        return None
+RULE = Gemv()
+
+
+def _schedule(sch: s_tir.Schedule, dec: Any, mm: Any, epi: Any, h: Hints, m_tile: int, vec: int) -> None:
+    """The schedule of the module docstring, for ``vec`` codes per thread step."""
     planes = [r.source for r in sch.get(dec).reads][:-1]  # the code planes, then S
-    i, j, k = sch.get_loops(mm)
-    n_ext, k_ext = int(sch.get(j).extent), int(sch.get(k).extent)
-    h = hints or default_hints(target, n_ext, k_ext, fmt, m_tile)
-    if not fits(h, n_ext, k_ext, fmt):
-        return None
-    vec = h.load_bytes * 8 // plane_widths(fmt.bits)[0]
     if m_tile > 1:
         sch.pad_einsum(mm, [m_tile, 1, 1])  # A_pad / matmul_pad: the M tile is whole
         sch.compute_inline(sch.get_sblock("matmul_pad"))
@@ -141,7 +157,6 @@ def apply(
     sch.decompose_reduction(rf, ko)
     _all_reduce(sch, mm, ty)
     sch.reverse_compute_at(epi, ty)
-    return sch, h
 
 
 def _decode_in_registers(sch: s_tir.Schedule, dec: Any, ko: Any, n_planes: int) -> None:

@@ -15,11 +15,12 @@ import itertools
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tvm import s_tir, tirx
+from tvm import s_tir
 
 from mxgemm import formats
 from mxgemm.codegen import target as targets
 from mxgemm.layout import plane_widths
+from mxgemm.rules.base import Rule, Scheduled, cheapest, cuda_linear, preferred
 
 M_TILES = (16, 64)  # M buckets this rule serves
 WARPS = 4
@@ -49,11 +50,6 @@ def _vec(kt: int, fmt: formats.Format) -> int:
     return min(LOAD_BYTES * 8 // plane_widths(fmt.bits)[0], kt)
 
 
-def shape_fits(n: int, k: int, fmt: formats.Format, m_tile: int) -> bool:
-    """Whether the default hints tile this weight (then `mxgemm.linear` routes M ≤ 64 here)."""
-    return default_hints({"arch": "sm_90"}, n, k, fmt, m_tile) is not None
-
-
 def fits(h: Hints, n: int, k: int, fmt: formats.Format) -> bool:
     """Whether ``h`` tiles an ``[n, k]`` weight of ``fmt`` exactly."""
     vec = _vec(h.kt, fmt)
@@ -66,25 +62,8 @@ def fits(h: Hints, n: int, k: int, fmt: formats.Format) -> bool:
     )
 
 
-def default_hints(
-    target: dict[str, Any], n: int, k: int, fmt: formats.Format, m_tile: int, block_size: int = 32
-) -> Hints | None:
-    """Measured on an H100 (``benchmarks/README.md``): 32-row tiles with K steps of 32 at M ≤ 16,
-    64 × 64 above; K split until the grid has ≥ 3 blocks per SM; None when nothing fits."""
-    sms = targets.sm_count(target["arch"])
-    mt, kt = (32, 32) if m_tile <= 16 else (64, 64)
-    for splits in (1, 2, 4, 8, 16):
-        if (n // 128) * splits >= 3 * sms:
-            break
-    while splits > 1 and k % (kt * splits):
-        splits //= 2
-    h = Hints(mt, 128, kt, splits)
-    return h if fits(h, n, k, fmt) else None
-
-
-def candidates(n: int, m_tile: int, fmt: formats.Format, block_size: int = 32) -> list[Hints]:
-    """The hint space the tuner searches (deterministic order; the same for every format)."""
-    del n, fmt, block_size
+def space(m_tile: int) -> list[Hints]:
+    """Every hint set for ``m_tile`` rows (deterministic order; the same for every format and shape)."""
     out = []
     for mt, nt, kt, splits in itertools.product((16, 32, 64, 128), (64, 128), (32, 64), (1, 2, 4, 8, 16)):
         if mt >= min(m_tile, 32) and not (mt <= 32 and kt == 64):
@@ -92,38 +71,69 @@ def candidates(n: int, m_tile: int, fmt: formats.Format, block_size: int = 32) -
     return out
 
 
-def cost(h: Hints, target: dict[str, Any], n: int, k: int, fmt: formats.Format, m_tile: int) -> float:
-    """Relative cost for ranking candidates: padded rows of A are wasted work; fewer than 3 blocks
-    per SM leave the memory system idle; each K slice adds a partial-sum round trip."""
-    sms = targets.sm_count(target["arch"])
-    blocks = (n // h.nt) * h.splits
-    waste = max(h.mt, m_tile) / m_tile
-    idle = max(1.0, 3 * sms / blocks)
-    return waste * idle * (1 + 0.03 * h.splits) * (1.1 if h.kt == 32 else 1.0)
+class TensorCore(Rule):
+    """fp16 activations, buckets 16 and 64 (:data:`M_TILES`), a shape the default hints tile."""
+
+    name = "tensorcore"
+    Hints = Hints
+
+    @staticmethod
+    def _serves(spec: Any) -> bool:
+        return cuda_linear(spec, M_TILES, ("float16",))
+
+    def candidates(self, spec: Any) -> list[Hints]:
+        f = formats.get(spec.fmt)
+        return [h for h in space(spec.m_bucket) if fits(h, spec.n, spec.k, f)] if self._serves(spec) else []
+
+    def cost(self, spec: Any, h: Hints) -> float:
+        """Padded rows of A are wasted work; fewer than 3 blocks per SM leave the memory system idle;
+        each K slice adds a partial-sum round trip."""
+        sms = targets.sm_count(spec.target["arch"])
+        blocks = (spec.n // h.nt) * h.splits
+        waste = max(h.mt, spec.m_bucket) / spec.m_bucket
+        idle = max(1.0, 3 * sms / blocks)
+        return waste * idle * (1 + 0.03 * h.splits) * (1.1 if h.kt == 32 else 1.0)
+
+    def default_hints(self, spec: Any) -> Hints | None:
+        """The arch's table row (``schedules/<arch>.json``, by M tile): its tile, K split until the grid
+        has ``blocks_per_sm`` blocks per SM (and the split divides K); else the cheapest candidate by
+        :meth:`cost`; None when nothing fits."""
+        if not self._serves(spec):
+            return None
+        n, k, arch = spec.n, spec.k, spec.target["arch"]
+        row = preferred(self.name, arch, {"m": spec.m_bucket})
+        if row is None:
+            return cheapest(self, spec)
+        sms = targets.sm_count(arch)
+        tile = row["prefer"][0]
+        for splits in (1, 2, 4, 8, 16):
+            if (n // tile["nt"]) * splits >= row["blocks_per_sm"] * sms:
+                break
+        while splits > 1 and k % (tile["kt"] * splits):
+            splits //= 2
+        h = Hints(**tile, splits=splits)
+        return h if fits(h, n, k, formats.get(spec.fmt)) else None
+
+    def apply(self, spec: Any, make: Any, hints: Hints | None = None) -> Scheduled | None:
+        """Schedules ``make(None)`` (the decode in fp16: the tensor cores take it) serving M up to the
+        bucket; None when the hints do not tile the shape."""
+        h = hints if hints is not None else self.default_hints(spec)
+        fmt = formats.get(spec.fmt)
+        if h is None or not self._serves(spec) or not fits(h, spec.n, spec.k, fmt):
+            return None
+        sch = s_tir.Schedule(make(None))
+        try:
+            dec, mm = sch.get_sblock("decode"), sch.get_sblock("matmul")
+        except Exception:  # noqa: BLE001 (a missing block: not our prim_func)
+            return None
+        if str(sch.get(dec).writes[0].source.dtype) != "float16":
+            return None
+        planes = [r.source for r in sch.get(dec).reads][:-1]
+        _schedule(sch, dec, mm, h, _vec(h.kt, fmt), len(planes))
+        return Scheduled(self.name, sch.mod, h)
 
 
-def apply(
-    func: tirx.PrimFunc, target: dict[str, Any], fmt: formats.Format, m_tile: int, hints: Hints | None = None
-) -> tuple[s_tir.Schedule, Hints] | None:
-    """(schedule, hints used) for the decode-fused prim_func of ``fmt`` (dynamic M, decode in
-    float16) serving M up to ``m_tile``, or None when it does not fit (activations not fp16, N or K
-    not tileable)."""
-    sch = s_tir.Schedule(func)
-    try:
-        dec, mm = sch.get_sblock("decode"), sch.get_sblock("matmul")
-    except Exception:  # noqa: BLE001 (a missing block: not our prim_func)
-        return None
-    reads = [r.source for r in sch.get(dec).reads]
-    planes = reads[:-1]
-    if str(sch.get(dec).writes[0].source.dtype) != "float16":
-        return None
-    _, j, k = sch.get_loops(mm)
-    n, k_total = int(sch.get(j).extent), int(sch.get(k).extent)
-    h = hints or default_hints(target, n, k_total, fmt, m_tile)
-    if h is None or not fits(h, n, k_total, fmt):
-        return None
-    _schedule(sch, dec, mm, h, _vec(h.kt, fmt), len(planes))
-    return sch, h
+RULE = TensorCore()
 
 
 def _schedule(sch: s_tir.Schedule, dec: Any, mm: Any, h: Hints, vec: int, n_planes: int) -> None:

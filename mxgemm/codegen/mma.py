@@ -1,0 +1,581 @@
+"""The kernel of the ``mma`` rule (:mod:`mxgemm.rules.mma` picks its hints and when it applies):
+tensor cores fed from registers (``mma.sync.m16n8k16``) for fp16 activations at small and mid M, the
+codes decoded two per integer op (:mod:`mxgemm.codegen.pairs`).
+
+The kernel is written as low-level TensorIR (threads, registers, ``ptx_legacy.mma``), not scheduled
+from the prim_func, because the mma operand has to be *computed* in registers: no shared-memory
+round trip of the decoded tile (the ``tensorcore`` rule's limit) and no float FMA per weight (the
+``gemv`` rule's limit). Semantics are those of :func:`mxgemm.codegen.prim_func.prim_func`.
+
+Operands are swapped (``Y^T = W X^T``, as Marlin does for small batches): 16 weight rows are the
+mma's M and 8 activation rows its N, so M ≤ 8 wastes no tensor-core work on padding, and each
+thread holds two weight rows, whose two scales per step it applies (one per 8 decoded codes).
+Layout: the portable code planes, unchanged. The mma's 16-deep K is a permutation of real K chosen
+so that a thread's operands are 8 consecutive codes of each of its rows (``w`` bytes per plane) and
+8 consecutive activations (16 bytes): in K step ``u`` (32 k, one scale block) lane ``l`` takes rows
+``l / 4`` and ``l / 4 + 8`` at k ``32u + 8 (l % 4) + 0..7``; mma ``g`` takes k ``+4g .. +4g+3`` of
+every lane. A step's two mmas share one scale per weight row, so they go to a zeroed fp32 fragment
+that is added to the accumulator times the scale (exact: a power of two).
+
+Loads, by ``Hints.stages``:
+
+- 0, a register pipeline: the next iteration's codes, scales and (up to 16 rows) activations are
+  loaded into registers while this one computes. Bytes in flight cost registers, which cap occupancy.
+- 2..4, a ``cp.async`` ring in shared memory per group of ``kn`` warps that share a K range:
+  ``stages - 1`` iterations of codes, scales (each warp's own) and activations (up to 16 rows, one
+  copy for the group, each warp issuing a share) in flight, 16-byte copies of whole row runs
+  (XOR-swizzled so the lanes' reads hit distinct banks), read back with ``ld.shared`` after
+  ``cp.async.wait_group`` and a barrier of the group (a warp barrier for one warp, else a named
+  ``bar.sync``). The copies and reads go through ``T.ptx`` with explicit addresses, which TVM's
+  shared-memory sync pass leaves alone.
+
+With ``Hints.pdl`` (sm_90, a ring) the kernel is launched with programmatic dependent launch: it
+lets the next kernel in the stream be scheduled at once (``griddepcontrol.launch_dependents``),
+prefetches its first ring slots of codes and scales into L2, then waits for the previous kernel to
+finish (``griddepcontrol.wait``) before it reads anything or writes Y. L2 is the GPU's point of
+coherence, so a prefetch of weights that the previous kernel is still writing is harmless.
+
+Grid: ``N / (16 nt kn)`` blocks of ``kw × kn`` warps; a warp owns ``nt`` 16-row weight tiles × the
+M tile (n8 tiles: the bucket, padded; rows ≥ M read zeros and are not stored) over ``1/kw`` of K;
+the ``kw`` warps of a column add up through shared memory.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass
+
+from tvm import tirx
+
+from mxgemm import formats
+from mxgemm.codegen import nvcc, pairs
+from mxgemm.codegen.decode import nan_scales, scale_exponent, scale_expr, u32
+from mxgemm.layout import plane_widths
+
+STEP = 32  # K per step: 4 threads × 8 codes
+SMEM = 48 * 1024  # static shared memory per block (the cross-warp sum)
+RING_SMEM = 192 * 1024  # dynamic shared memory per block (the rings; an H100 SM has 228 KB)
+
+
+@dataclass(frozen=True)
+class Hints:
+    """Tunable knobs. nt: 16-row weight tiles per warp (1, 2, 4, 8); kw: warps per block, splitting K
+    (1, 2, 4, 8); unroll: K steps per loop iteration, their loads issued together (1, 2, 4; 4 or 8
+    with a ring); stages: 0 for the register pipeline, else the depth of the ``cp.async`` ring (2..4
+    iterations, block-32 scales only); kn: warps per block side by side in N that share one copy of
+    the activations (1, 2, 4; more than 1 with a ring only); pdl: 1 for programmatic dependent launch
+    (sm_90 and newer, with a ring): the launch and first loads overlap the previous kernel's tail;
+    shl: 1 for the pair decode by left shifts only (``pairs.decode_pair(left=True)``: the FMA pipe
+    instead of the ALU pipe, which the decode keeps busiest)."""
+
+    nt: int = 4
+    kw: int = 4
+    unroll: int = 2
+    stages: int = 0
+    kn: int = 1
+    pdl: int = 0
+    shl: int = 0
+
+    def __post_init__(self) -> None:
+        ok = self.nt in (1, 2, 4, 8) and self.kw in (1, 2, 4, 8) and self.stages in (0, 2, 3, 4)
+        ok = ok and self.unroll in ((4, 8) if self.stages else (1, 2, 4))
+        ok = ok and self.kn in ((1, 2, 4) if self.stages else (1,)) and self.kw * self.kn <= 16
+        ok = ok and self.pdl in ((0, 1) if self.stages else (0,)) and self.shl in (0, 1)
+        if not ok:
+            raise ValueError(f"mma hints out of range: {self}")
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def _ring_layout(h: Hints, bits: int, m_tile: int) -> tuple[int, int, int]:
+    """(code bytes, scale bytes, activation bytes) of one ring slot: a warp's 16 rows × ``unroll``
+    steps of every plane and of the scales per tile; the group's activations of up to 16 rows."""
+    codes = h.nt * 16 * h.unroll * 4 * bits
+    scales = h.nt * 16 * h.unroll
+    x_n = -(-m_tile // 8)
+    acts = h.unroll * x_n * min(8, m_tile) * 4 * 16 if x_n <= 2 else 0
+    return codes, scales, acts
+
+
+def _red_bytes(h: Hints, m_tile: int) -> int:
+    """The cross-warp sum: every warp but the first parks its fp32 accumulators."""
+    return (h.kw - 1) * h.kn * h.nt * -(-m_tile // 8) * 4 * 32 * 4
+
+
+def _slot_bytes(h: Hints, bits: int, m_tile: int) -> int:
+    """One ring slot of a group of ``kn`` warps: each warp's codes and scales, one activation copy."""
+    codes, scales, acts = _ring_layout(h, bits, m_tile)
+    return h.kn * (codes + scales) + acts
+
+
+def smem_bytes(h: Hints, m_tile: int, bits: int = 8) -> tuple[int, int]:
+    """(static, dynamic) shared memory of a block. The register pipeline: the cross-warp sum,
+    static. A ring: ``stages`` slots per group for ``bits``-wide codes, dynamic; the sum reuses it
+    after the loop."""
+    red = _red_bytes(h, m_tile)
+    if not h.stages:
+        return red, 0
+    return 0, max(red, h.kw * h.stages * _slot_bytes(h, bits, m_tile))
+
+
+def kernel(
+    fmt: formats.Format,
+    *,
+    n: int,
+    k: int,
+    m_tile: int,
+    out_dtype: str,
+    bias: bool,
+    block_size: int,
+    hints: Hints,
+) -> tirx.PrimFunc:
+    """The kernel as a PrimFunc with :func:`~mxgemm.codegen.prim_func.prim_func`'s arguments: A
+    ``float16 [m, k]`` (``m`` static 1 for the bucket 1, else dynamic), the code planes ``uint8 [n,
+    k*w/8]``, S ``uint8 [n, k/block_size]``, Bias ``out_dtype [n]`` (if ``bias``), Y ``out_dtype [m, n]``."""
+    # here, not at import: a GPU box with the TVM runtime alone runs prebuilt kernels and routes with
+    # this module, and its TVM has no script builder
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder import tirx as T
+
+    with IRBuilder() as ib:
+        with T.prim_func():
+            _Kernel(T, fmt, n, k, m_tile, out_dtype, bias, block_size, hints).emit()
+    return ib.get()
+
+
+class _Kernel:
+    """Emits the kernel into the IR builder frame ``T`` is building (one method per part)."""
+
+    def __init__(self, T, fmt, n, k, m_tile, out_dtype, bias, block_size, h):  # noqa: N803, PLR0913
+        self.T, self.fmt, self.n, self.k, self.m_tile = T, fmt, n, k, m_tile
+        self.out_dtype, self.bias, self.block_size, self.h = out_dtype, bias, block_size, h
+        self.widths = plane_widths(fmt.bits)
+        self.xt_n = -(-m_tile // 8)  # n8 tiles of activation rows
+        self.steps = k // STEP // h.kw  # K steps per warp
+        self.iters = self.steps // h.unroll
+        self.wide = n * k >= 2**31
+        self.words = 2 if 8 in self.widths else 1  # uint32 words of a lane's codes of a step, per plane
+        self.pipe_x = self.xt_n <= 2  # activations ride the pipeline (64 rows: too many registers)
+        # register pipeline: the scales of 4 steps in one 32-bit load (block 32, rows 4-byte aligned)
+        self.s_word = not h.stages and block_size == STEP and h.unroll == 4 and (k // STEP) % 4 == 0
+        if h.stages and block_size != STEP:
+            raise ValueError(f"mma ring hints {h} need one scale per 32-wide step, not {block_size}")
+
+    def ix(self, v):
+        return tirx.Cast("int64", v) if self.wide else v
+
+    # ---- arguments, threads, registers ---------------------------------------------------------
+
+    def emit(self) -> None:
+        T, h, n, k = self.T, self.h, self.n, self.k
+        T.func_name("main")
+        attrs = {"global_symbol": "main", "tirx.noalias": True}
+        T.func_attr({**attrs, nvcc.PDL: True} if h.pdl else attrs)
+        m = 1 if self.m_tile == 1 else tirx.Var("m", "int64")
+        self.m64 = tirx.const(1, "int64") if self.m_tile == 1 else m
+        a_h = T.arg("A", T.handle())
+        names = [f"B{i}" if len(self.widths) > 1 else "B" for i in range(len(self.widths))]
+        b_h = [T.arg(name, T.handle()) for name in names]
+        s_h = T.arg("S", T.handle())
+        bias_h = T.arg("Bias", T.handle()) if self.bias else None
+        y_h = T.arg("Y", T.handle())
+        self.A = T.match_buffer(a_h, (m, k), "float16")
+        self.B = [T.match_buffer(b, (n, k * w // 8), "uint8") for b, w in zip(b_h, self.widths, strict=True)]
+        self.S = T.match_buffer(s_h, (n, k // self.block_size), "uint8")
+        self.Bias = T.match_buffer(bias_h, (n,), self.out_dtype) if self.bias else None
+        self.Y = T.match_buffer(y_h, (m, n), self.out_dtype)
+
+        bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+        ty, tz = T.env_thread("threadIdx.y"), T.env_thread("threadIdx.z")
+        with (
+            T.launch_thread(bx, n // (16 * h.nt * h.kn)),
+            T.launch_thread(tz, h.kn),
+            T.launch_thread(ty, h.kw),
+            T.launch_thread(tx, 32),
+        ):
+            self.ty, self.tz, self.tx = ty, tz, tx
+            self.quad, self.j = tx // 4, tx % 4
+            self.n0 = bx * (16 * h.nt * h.kn) + tz * (16 * h.nt)
+            self.x32 = T.decl_buffer((m * k // 2,), "uint32", data=self.A.data)
+            shape = (h.nt, self.xt_n, 4)
+            self.acc = T.alloc_buffer(shape, "float32", scope="local")
+            self.tmp = T.alloc_buffer(shape, "float32", scope="local")
+            self.afr = T.alloc_buffer((h.nt, 2, 4), "uint32", scope="local")
+            self.bfr = T.alloc_buffer((self.xt_n, 2, 2), "uint32", scope="local")
+            for idx in itertools.product(*map(range, shape)):
+                T.buffer_store(self.acc, tirx.const(0.0, "float32"), list(idx))
+            if h.pdl:
+                T.evaluate(T.ptx.griddepcontrol.launch_dependents())
+                self.prefetch_l2()
+                T.evaluate(T.ptx.griddepcontrol.wait())
+            if h.stages:
+                self.ring_loop()
+            else:
+                self.register_loop()
+            self.epilogue()
+
+    def _zeroed(self, shape, dtype="uint32"):
+        buf = self.T.alloc_buffer(shape, dtype, scope="local")
+        for idx in itertools.product(*map(range, shape)):
+            self.T.buffer_store(buf, tirx.const(0, dtype), list(idx))
+        return buf
+
+    # ---- compute: decode, mma, scale, accumulate one step ----------------------------------------
+
+    def flag_nan(self, scale) -> None:
+        """Note NaN scale codes: ``scale(t, r)`` a uint32 of E8M0 codes of row ``r`` of tile ``t``.
+        One flag (one register) for all of a lane's rows; :meth:`nan_rows` finds the rows."""
+        seen = tirx.BufferLoad(self.nan, [0])
+        for t, r in itertools.product(range(self.h.nt), range(2)):
+            seen = seen | nan_scales(scale(t, r))
+        self.T.buffer_store(self.nan, seen, [0])
+
+    def step(self, word, scale) -> None:
+        """One K step from registers: ``word(t, r, p, i)`` uint32 word ``i`` of plane ``p`` of this
+        lane's row ``r`` (0: ``quad``, 1: ``quad + 8``) of tile ``t``; ``scale(t, r)`` its float32
+        block scale; the activations already in :attr:`bfr`."""
+        T, h, xt_n = self.T, self.h, self.xt_n
+        for t, g, q in itertools.product(range(h.nt), range(2), range(4)):
+            # a0..a3: rows quad / quad+8 × codes (4g, 4g+1) / (4g+2, 4g+3)
+            wd = lambda p, i, t=t, r=q % 2: word(t, r, p, i)  # noqa: E731
+            pair = pairs.decode_pair(self.fmt, wd, 2 * g + q // 2, left=bool(h.shl))
+            T.buffer_store(self.afr, pair, [t, g, q])
+        for t, a in itertools.product(range(h.nt), range(xt_n)):
+            for e in range(4):
+                T.buffer_store(self.tmp, tirx.const(0.0, "float32"), [t, a, e])
+            for g in range(2):
+                T.evaluate(
+                    T.ptx_legacy.mma(
+                        "m16n8k16", "row", "col", "fp16", "fp16", "fp32",
+                        self.afr.data, (t * 2 + g) * 4, self.bfr.data, (a * 2 + g) * 2,
+                        self.tmp.data, (t * xt_n + a) * 4, False, dtype="float32",
+                    )
+                )  # fmt: skip
+        for t, r in itertools.product(range(h.nt), range(2)):
+            sc = scale(t, r)
+            for a, e in itertools.product(range(xt_n), (2 * r, 2 * r + 1)):
+                prod = tirx.BufferLoad(self.acc, [t, a, e]) + tirx.BufferLoad(self.tmp, [t, a, e]) * sc
+                T.buffer_store(self.acc, prod, [t, a, e])
+
+    def set_x(self, xbuf, ur) -> None:
+        """The activations of step ``ur`` from ``xbuf[ur, a, 0..3]`` into the mma B fragments."""
+        for a, g, q in itertools.product(range(self.xt_n), range(2), range(2)):
+            self.T.buffer_store(self.bfr, tirx.BufferLoad(xbuf, [ur, a, 2 * g + q]), [a, g, q])
+
+    def load_x(self, it, xbuf) -> None:
+        """The activations of iteration ``it`` from global memory (rows ≥ M keep their zeros)."""
+        T, h, k = self.T, self.h, self.k
+        step0 = self.ty * self.steps + it * h.unroll
+        for ur, a in itertools.product(range(h.unroll), range(self.xt_n)):
+            xrow = tirx.Cast("int64", a * 8 + self.quad)
+            with T.If(xrow < self.m64):
+                with T.Then():
+                    off = xrow * (k // 2) + self.ix((step0 + ur) * 16 + self.j * 4)
+                    vec = tirx.BufferLoad(self.x32, [tirx.Ramp(off, 1, 4)])
+                    T.buffer_store(xbuf, vec, [ur, a, tirx.Ramp(0, 1, 4)])
+
+    # ---- stages = 0: register pipeline --------------------------------------------------------
+
+    def register_loop(self) -> None:
+        """Iteration ``it + 1``'s loads are in flight in registers while ``it`` computes (the
+        activations too, up to 16 rows)."""
+        T, h = self.T, self.h
+        xraw = self._zeroed((h.unroll, self.xt_n, 4))
+        xcur = self._zeroed((h.unroll, self.xt_n, 4))
+        wraw = T.alloc_buffer((h.unroll, h.nt, 2, len(self.widths), self.words), "uint32", scope="local")
+        sraw = T.alloc_buffer((1 if self.s_word else h.unroll, h.nt, 2), "uint32", scope="local")
+        wcur = T.alloc_buffer(wraw.shape, "uint32", scope="local")
+        scur = T.alloc_buffer(sraw.shape, "uint32", scope="local")
+        if self.s_word:
+            self.s32 = T.decl_buffer((self.n * self.k // STEP // 4,), "uint32", data=self.S.data)
+        self.views = []
+        for bb, w in zip(self.B, self.widths, strict=True):
+            # a view whose element is (part of) one thread's w bytes of a step
+            vdt, per = {8: ("uint32", 4), 4: ("uint32", 4), 2: ("uint16", 2), 1: ("uint8", 1)}[w]
+            self.views.append((T.decl_buffer((self.n * self.k * w // 8 // per,), vdt, data=bb.data), w, per))
+
+        def compute(wbuf, sbuf, xbuf):
+            for ur in range(h.unroll):
+                self.set_x(xbuf, ur)
+
+                # the exact decode per step: the ring's cheaper one made the 64-row kernels (255
+                # registers) 5-10% slower (mma-kn-scales-41e141d.md)
+                def scale(t, r, ur=ur):
+                    if self.s_word:
+                        return scale_expr(tirx.BufferLoad(sbuf, [0, t, r]) >> u32(8 * ur) & u32(255))
+                    return scale_expr(tirx.BufferLoad(sbuf, [ur, t, r]))
+
+                self.step(lambda t, r, p, i, ur=ur: tirx.BufferLoad(wbuf, [ur, t, r, p, i]), scale)
+
+        def copy(dst, src):
+            for idx in itertools.product(*(range(int(d)) for d in src.shape)):
+                T.buffer_store(dst, tirx.BufferLoad(src, list(idx)), list(idx))
+
+        self.load_weights(0, wraw, sraw)
+        if self.pipe_x:
+            self.load_x(0, xraw)
+        with T.serial(0, self.iters - 1) as it:
+            copy(wcur, wraw)
+            copy(scur, sraw)
+            if self.pipe_x:
+                copy(xcur, xraw)
+            self.load_weights(it + 1, wraw, sraw)
+            if self.pipe_x:
+                self.load_x(it + 1, xraw)
+            else:
+                self.load_x(it, xcur)
+            compute(wcur, scur, xcur)
+        if not self.pipe_x:
+            self.load_x(self.iters - 1, xraw)
+        compute(wraw, sraw, xraw)
+
+    def load_weights(self, it, wbuf, sbuf) -> None:
+        """The codes and scales of iteration ``it`` (``unroll`` steps) into registers."""
+        T, h, k = self.T, self.h, self.k
+        step0 = self.ty * self.steps + it * h.unroll
+        if self.s_word:
+            for t, r in itertools.product(range(h.nt), range(2)):
+                row = self.n0 + 16 * t + self.quad + 8 * r
+                val = tirx.BufferLoad(self.s32, [(self.ix(row) * (k // STEP) + step0) // 4])
+                T.buffer_store(sbuf, val, [0, t, r])
+        for ur, t, r in itertools.product(range(h.unroll), range(h.nt), range(2)):
+            step, row = step0 + ur, self.n0 + 16 * t + self.quad + 8 * r
+            for p, (view, w, per) in enumerate(self.views):
+                # this thread's w bytes: (row * k + 32 step + 8 j) * w / 8
+                base = self.ix(row) * (k * w // 8 // per) + (step * (4 * w) + self.j * w) // per
+                for q in range(max(1, w // 4)):
+                    val = tirx.Cast("uint32", tirx.BufferLoad(view, [base + q]))
+                    T.buffer_store(wbuf, val, [ur, t, r, p, q])
+            if not self.s_word:
+                val = tirx.Cast("uint32", tirx.BufferLoad(self.S, [row, step * STEP // self.block_size]))
+                T.buffer_store(sbuf, val, [ur, t, r])
+
+    # ---- stages ≥ 2: cp.async ring ------------------------------------------------------------
+
+    def ring_loop(self) -> None:
+        """``stages - 1`` iterations in flight through the group's ring; iteration ``it`` waits for
+        its copies (``wait_group``), a barrier of the group (the warp, or its ``kn`` warps) makes
+        every lane's copies visible to all, then the slot freed by ``it - 1`` is refilled with ``it +
+        stages - 1`` and ``it`` computes. Block scales: :func:`~mxgemm.codegen.decode.scale_exponent`
+        (3 ops, code 255 as +inf), NaN codes flagged per word (:meth:`flag_nan`)."""
+        T, h = self.T, self.h
+        codes, scales, _ = _ring_layout(h, self.fmt.bits, self.m_tile)
+        self.slot16 = _slot_bytes(h, self.fmt.bits, self.m_tile) // 16  # every part: a multiple of 16 bytes
+        # a group's slot: each warp's codes, then its scales; then the activations
+        self.w_unit = self.tz * ((codes + scales) // 16)  # this warp's part, in 16-byte units
+        self.s_off, self.x_off = codes, h.kn * (codes + scales)
+        # the cross-warp sum reuses the ring after the loop (one dynamic allocation, so a block over
+        # 48 KB always gets the opt-in: static + dynamic bytes must not pass 48 KB without it)
+        red16 = -(-_red_bytes(h, self.m_tile) // 16)
+        units = max(h.kw * h.stages * self.slot16, red16)
+        self.ring = T.alloc_buffer((units,), "uint32x4", scope="shared.dyn")
+        # a slot's codes and activations go to registers all at once (fewer dependent waits), except
+        # with 16 activation rows: one step ahead of the mmas (fewer registers); both measured faster
+        ahead = self.xt_n != 2
+        nb = h.unroll if ahead else 2
+        wreg = T.alloc_buffer((nb, h.nt, 2, len(self.widths), self.words), "uint32", scope="local")
+        sreg = T.alloc_buffer((h.nt, 2, h.unroll // 4), "uint32", scope="local")
+        xreg = self._zeroed((nb, self.xt_n, 4)) if self.pipe_x else None
+        xcur = None if self.pipe_x else self._zeroed((h.unroll, self.xt_n, 4))
+        self.nan = self._zeroed((1,))  # nonzero once one of this lane's rows had a NaN scale (255)
+        commit = T.ptx["cp.async.commit_group"]
+        for s in range(h.stages - 1):
+            if s < self.iters:
+                self.ring_issue(s, s)
+            T.evaluate(commit())
+        with T.serial(0, self.iters) as it:
+            T.evaluate(T.ptx["cp.async.wait_group"](h.stages - 2))
+            if h.kn == 1:
+                T.evaluate(T.ptx.bar.warp.sync(u32(0xFFFFFFFF)))
+            else:  # the group's warps: named barrier 1 + ty (0 is __syncthreads)
+                T.evaluate(T.ptx.bar.sync(tirx.Cast("uint32", self.ty + 1), u32(32 * h.kn)))
+            nxt = it + h.stages - 1
+            with T.If(nxt < self.iters):
+                with T.Then():
+                    self.ring_issue(nxt, nxt % h.stages)
+            T.evaluate(commit())
+            if not self.pipe_x:
+                self.load_x(it, xcur)
+            slot = it % h.stages
+            self.read_steps(slot, range(h.unroll) if ahead else [0], wreg, xreg, sreg)
+            for q in range(h.unroll // 4):
+                self.flag_nan(lambda t, r, q=q: tirx.BufferLoad(sreg, [t, r, q]))
+            for ur in range(h.unroll):
+                if not ahead and ur + 1 < h.unroll:
+                    self.read_steps(slot, [ur + 1], wreg, xreg)
+                if self.pipe_x:
+                    self.set_x(xreg, ur % nb)
+                else:
+                    self.set_x(xcur, ur)
+
+                def scale(t, r, ur=ur):  # code 255: +inf, made NaN by the flag
+                    return scale_exponent(tirx.BufferLoad(sreg, [t, r, ur // 4]), ur % 4)
+
+                self.step(lambda t, r, p, i, b=ur % nb: tirx.BufferLoad(wreg, [b, t, r, p, i]), scale)
+
+    def prefetch_l2(self) -> None:
+        """L2 prefetch of this warp's codes and scales of the ring's first ``stages - 1`` iterations
+        (lanes 0..15: a row each, a prefetch per 128 bytes)."""
+        T, h, tx = self.T, self.h, self.tx
+        with T.If(tx < 16):
+            with T.Then():
+                for it in range(min(h.stages - 1, self.iters)):
+                    step0 = self.ty * self.steps + it * h.unroll
+                    for t in range(h.nt):
+                        row = self.ix(self.n0 + 16 * t + tx)
+                        for bb, w in zip(self.B, self.widths, strict=True):
+                            for off in range(0, 4 * w * h.unroll, 128):
+                                T.evaluate(T.ptx.prefetch.global_.L2(bb.ptr_to([row, step0 * (4 * w) + off])))
+                        T.evaluate(T.ptx.prefetch.global_.L2(self.S.ptr_to([row, step0])))
+
+    def _smem(self, slot, byte, own=True):
+        """The shared-state address of byte ``byte`` of this warp's part (``own``; else of the
+        group's activations, ``byte`` from the slot's start) of ring slot ``slot`` (indexing 16-byte
+        elements, so the buffer's extent covers every 16-byte copy)."""
+        T = self.T
+        unit = (self.ty * self.h.stages + slot) * self.slot16 + byte // 16
+        unit = unit + self.w_unit if own else unit
+        addr = T.cuda.cvta_generic_to_shared(T.address_of(self.ring[unit]))
+        rem = byte % 16
+        return addr if isinstance(rem, int) and rem == 0 else addr + tirx.Cast("uint32", rem)
+
+    def _swizzle(self, chunk, row, pieces: int):
+        """16-byte chunk ``chunk`` of ``row`` (``pieces`` chunks a row) XOR-moved so the 8 rows a
+        quarter-warp reads start in distinct bank groups."""
+        p8 = min(pieces, 8)
+        if p8 == 1:
+            return chunk
+        return tirx.bitwise_xor(chunk, row // (8 // p8) % p8)
+
+    def ring_issue(self, it, slot) -> None:
+        """``cp.async`` of iteration ``it``'s codes (16-byte chunks of 16 rows × ``unroll`` steps per
+        plane and tile), scales (``unroll`` bytes a row) and activations (16 bytes a lane a step)."""
+        T, h, tx = self.T, self.h, self.tx
+        step0 = self.ty * self.steps + it * h.unroll
+        cp16 = T.ptx["cp.async.cg.shared.global"]
+        off = 0
+        for t in range(h.nt):
+            for bb, w in zip(self.B, self.widths, strict=True):
+                rowb = 4 * w * h.unroll  # bytes of a row in this slot
+                pieces = rowb // 16
+                for i in range(-(-16 * pieces // 32)):
+                    unit = tx + 32 * i
+                    row, c = unit // pieces, unit % pieces
+                    grow = self.ix(self.n0 + 16 * t + row)
+                    src = bb.ptr_to([grow, step0 * (4 * w) + c * 16])
+                    dst = self._smem(slot, off + row * rowb + self._swizzle(c, row, pieces) * 16)
+                    if 16 * pieces >= 32 * (i + 1):
+                        T.evaluate(cp16(dst, src, 16))
+                    else:
+                        with T.If(tx < 16 * pieces - 32 * i):
+                            with T.Then():
+                                T.evaluate(cp16(dst, src, 16))
+                off += 16 * rowb
+        cp_s = T.ptx["cp.async.ca.shared.global"]
+        for t in range(h.nt):  # lanes 0..15: one row's `unroll` scale bytes each
+            with T.If(tx < 16):
+                with T.Then():
+                    src = self.S.ptr_to([self.n0 + 16 * t + tx, step0])
+                    T.evaluate(cp_s(self._smem(slot, self.s_off + (t * 16 + tx) * h.unroll), src, h.unroll))
+        if self.pipe_x:  # chunk c: step ur, n8 tile a, row quad, k 8j.. of the group's activations
+            qn = min(8, self.m_tile)
+            total, lanes = h.unroll * self.xt_n * qn * 4, 32 * h.kn
+            for i in range(-(-total // lanes)):
+                c = self.tz * 32 + tx + lanes * i
+                ur, a, quad, j = c // (4 * qn * self.xt_n), c // (4 * qn) % self.xt_n, c // 4 % qn, c % 4
+                cond = tirx.Cast("int64", a * 8 + quad) < self.m64
+                if total < lanes * (i + 1):
+                    cond = tirx.And(c < total, cond)
+                with T.If(cond):
+                    with T.Then():
+                        src = self.A.ptr_to([a * 8 + quad, (step0 + ur) * STEP + j * 8])
+                        T.evaluate(cp16(self._smem(slot, self.x_off + c * 16, own=False), src, 16))
+
+    def read_steps(self, slot, urs, wreg, xreg, sreg=None) -> None:
+        """This lane's codes of steps ``urs`` of a ring slot into ``wreg[ur % len(wreg)]``, then (if
+        ``sreg``) its two rows' scale codes (``unroll`` bytes a row), then (if ``xreg``) its
+        activations into ``xreg[ur % len(xreg)]``."""
+        T, h = self.T, self.h
+        ld = T.ptx.ld.shared
+        nb = int(wreg.shape[0])
+        off = 0
+        for t in range(h.nt):
+            for p, w in enumerate(self.widths):
+                rowb = 4 * w * h.unroll
+                for ur, r in itertools.product(urs, range(2)):
+                    row = self.quad + 8 * r
+                    byte = ur * 4 * w + self.j * w  # this lane's w bytes of step ur
+                    chunk = self._swizzle(byte // 16, row, rowb // 16)
+                    addr = self._smem(slot, off + row * rowb + chunk * 16 + byte % 16)
+                    dst = [wreg[ur % nb, t, r, p, q] for q in range(self.words)]
+                    if w == 8:
+                        T.evaluate(ld.v2.b32(*dst, addr))
+                    else:
+                        T.evaluate(getattr(ld, {4: "b32", 2: "u16", 1: "u8"}[w])(dst[0], addr))
+                off += 16 * rowb
+        if sreg is not None:
+            for t, r in itertools.product(range(h.nt), range(2)):
+                addr = self._smem(slot, self.s_off + (t * 16 + self.quad + 8 * r) * h.unroll)
+                dst = [sreg[t, r, q] for q in range(h.unroll // 4)]
+                T.evaluate(ld.v2.b32(*dst, addr) if len(dst) == 2 else ld.b32(dst[0], addr))
+        if xreg is not None:
+            qn = min(8, self.m_tile)
+            for ur, a in itertools.product(urs, range(self.xt_n)):
+                with T.If(tirx.Cast("int64", a * 8 + self.quad) < self.m64):
+                    with T.Then():
+                        idx = ((ur * self.xt_n + a) * qn + self.quad) * 4 + self.j
+                        addr = self._smem(slot, self.x_off + idx * 16, own=False)
+                        T.evaluate(ld.v4.b32(*[xreg[ur % nb, a, q] for q in range(4)], addr))
+
+    # ---- cross-warp sum, then the epilogue (warp 0) ---------------------------------------------
+
+    def nan_rows(self) -> None:
+        """The ring's rare path: a scale of this lane's rows was NaN (code 255), which
+        :func:`~mxgemm.codegen.decode.scale_exponent` made +inf: rescan the rows' scales over this
+        warp's K and make their sums NaN."""
+        T, h = self.T, self.h
+        nan = tirx.const(float("nan"), "float32")
+        with T.serial(0, self.steps) as s:
+            block = (self.ty * self.steps + s) * STEP // self.block_size
+            for t, r in itertools.product(range(h.nt), range(2)):
+                row = self.n0 + 16 * t + self.quad + 8 * r
+                with T.If(tirx.BufferLoad(self.S, [row, block]) == tirx.const(255, "uint8")):
+                    with T.Then():
+                        for a, e in itertools.product(range(self.xt_n), (2 * r, 2 * r + 1)):
+                            T.buffer_store(self.acc, nan, [t, a, e])
+
+    def epilogue(self) -> None:
+        T, h, xt_n, tx, ty = self.T, self.h, self.xt_n, self.tx, self.ty
+        tiles = list(itertools.product(range(h.nt), range(xt_n), range(4)))
+        if h.stages:
+            with T.If(tirx.BufferLoad(self.nan, [0]) != u32(0)):
+                with T.Then():
+                    self.nan_rows()
+        if h.kw > 1:
+            shape = (h.kw - 1, h.kn, h.nt, xt_n, 4, 32)
+            if h.stages:  # in the ring, once every warp is done with it
+                T.evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
+                red = T.decl_buffer(shape, "float32", data=self.ring.data, scope="shared.dyn")
+            else:
+                red = T.alloc_buffer(shape, "float32", scope="shared")
+            with T.If(ty > 0):
+                with T.Then():
+                    for t, a, e in tiles:
+                        val = tirx.BufferLoad(self.acc, [t, a, e])
+                        T.buffer_store(red, val, [ty - 1, self.tz, t, a, e, tx])
+            T.evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
+        with T.If(ty == 0):
+            with T.Then():
+                for t, a, e in tiles:
+                    total = tirx.BufferLoad(self.acc, [t, a, e])
+                    for w_ in range(h.kw - 1):
+                        total = total + tirx.BufferLoad(red, [w_, self.tz, t, a, e, tx])
+                    row = a * 8 + self.j * 2 + e % 2
+                    col = self.n0 + 16 * t + self.quad + 8 * (e // 2)
+                    val = total * tirx.const(pairs.out_factor(self.fmt), "float32")
+                    if self.bias:
+                        val = val + tirx.Cast("float32", tirx.BufferLoad(self.Bias, [col]))
+                    with T.If(tirx.Cast("int64", row) < self.m64):
+                        with T.Then():
+                            T.buffer_store(self.Y, tirx.Cast(self.out_dtype, val), [row, col])

@@ -1,0 +1,26 @@
+"""Argument checks shared by the prim_func builders and `mxgemm.build` (clear errors, before TVM)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mxgemm.options import A_DTYPE_NAMES
+
+A_DTYPES = tuple(A_DTYPE_NAMES)  # "float16", "bfloat16"
+
+
+def check_shape(n: int, k: int, block_size: int) -> None:
+    """ValueError unless ``n`` and ``k`` are positive ints and ``k`` a multiple of ``block_size``."""
+    for name, v in (("n", n), ("k", k)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if k % block_size:
+        raise ValueError(f"k={k} is not a multiple of block_size={block_size}")
+
+
+def dtype_name(dt: Any, arg: str) -> str:
+    """``"float16"`` / ``"bfloat16"`` from that name or the torch dtype; ValueError naming ``arg``."""
+    name = str(dt).removeprefix("torch.")
+    if name not in A_DTYPES:
+        raise ValueError(f"{arg} must be one of {A_DTYPES}, got {dt!r}")
+    return name

@@ -1,0 +1,145 @@
+"""The protocol every schedule rule implements (:class:`Rule`), and the per-arch default tables that
+rules read (``schedules/<arch>.json``).
+
+A rule is asked about a *spec*: any object with the fields of
+:class:`~mxgemm.codegen.build.KernelSpec` that a kernel depends on (``fmt`` name, ``n``, ``k``,
+``m_bucket``, ``a_dtype``, ``out_dtype``, ``bias``, ``block_size``, ``target`` dict, ``op``). Its knobs
+are a frozen ``Hints`` dataclass (None for rules without knobs), given to it typed, never as a dict.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar, NamedTuple
+
+log = logging.getLogger(__name__)
+
+Make = Callable[[str | None], Any]  # make(decode_dtype) -> the spec's prim_func (decode dtype None: a_dtype)
+
+
+class Scheduled(NamedTuple):
+    """What a rule made of a spec: the rule's name (``dlight.GEMV`` for the dlight rule it picked),
+    the scheduled IRModule and the hints used (None for rules without knobs)."""
+
+    rule: str
+    mod: Any
+    hints: Any
+
+
+class Rule:
+    """A schedule rule: when it applies, its hint space and defaults, and the kernel it makes.
+
+    Subclasses set :attr:`name`, :attr:`Hints` (a frozen dataclass with ``to_dict``), and override
+    :meth:`applies` and :meth:`apply`; rules with knobs also :meth:`default_hints`,
+    :meth:`candidates` and :meth:`cost`."""
+
+    name: ClassVar[str] = ""
+    Hints: ClassVar[type | None] = None
+
+    def applies(self, spec: Any) -> bool:
+        """Whether the rule makes a kernel for ``spec`` (its real block size, target and bucket) with
+        its default hints (for a rule with knobs: whether it has defaults for ``spec``)."""
+        if self.Hints is None:
+            raise NotImplementedError
+        return self.default_hints(spec) is not None
+
+    def default_hints(self, spec: Any) -> Any:
+        """The hints the rule uses untuned for ``spec`` (a ``Hints``), None when nothing fits."""
+        return None
+
+    def candidates(self, spec: Any) -> list[Any]:
+        """The tuner's space for ``spec``: every valid ``Hints`` that fits its shape (deterministic)."""
+        return []
+
+    def cost(self, spec: Any, hints: Any) -> float:
+        """Relative cost of ``hints`` for ``spec`` (lower is better), to rank candidates unmeasured."""
+        del spec, hints
+        return 1.0
+
+    def apply(self, spec: Any, make: Make, hints: Any = None) -> Scheduled | None:
+        """The kernel of ``spec`` with ``hints`` (None: the defaults); None when they do not fit.
+        ``make(decode_dtype)`` gives the spec's prim_func (:mod:`mxgemm.codegen.prim_func`)."""
+        raise NotImplementedError
+
+    def typed(self, config: dict[str, Any]) -> Any:
+        """``config`` (a tune record's hints) as this rule's ``Hints``; TypeError / ValueError when it
+        is not a hint set of this rule."""
+        if self.Hints is None:
+            raise TypeError(f"rule {self.name!r} takes no hints")
+        if not isinstance(config, dict):
+            raise TypeError(f"{self.name} hints are a JSON object, got {type(config).__name__}")
+        return self.Hints(**config)
+
+    def __repr__(self) -> str:
+        return f"<rule {self.name}>"
+
+
+# ---- per-arch default tables ------------------------------------------------------------------
+
+
+def _schedules_dir() -> Path:
+    """``schedules/`` in the repo; package data ``mxgemm/schedules/`` in the wheel."""
+    from importlib.resources import files
+
+    try:
+        return Path(str(files("mxgemm.schedules")))
+    except ModuleNotFoundError:  # a source tree on sys.path without installing
+        return Path(__file__).resolve().parents[2] / "schedules"
+
+
+@functools.cache
+def table(arch: str) -> dict[str, Any]:
+    """The default-hint table of ``arch`` (``schedules/<arch>.json``: per rule, rows of ``when`` and
+    ``prefer``, measured on that arch), {} when there is none: the rules then pick by their cost
+    model. A corrupt table is a clear error naming the file."""
+    path = _schedules_dir() / f"{arch}.json"
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        rows = [v for k, v in data.items() if k != "measured"] if isinstance(data, dict) else None
+        if rows is None or not all(isinstance(v, list) for v in rows):
+            raise ValueError("expected an object of rule name -> list of rows")
+    except (OSError, ValueError) as e:
+        raise RuntimeError(f"schedule table {path} is unusable: {e}") from e
+    return data
+
+
+def preferred(rule: str, arch: str, facts: dict[str, int]) -> dict[str, Any] | None:
+    """The first row of ``rule`` in ``arch``'s table whose ``when`` holds for ``facts`` (each
+    condition ``<fact>_max``: fact ≤ value, ``<fact>_below``: fact < value), or None."""
+    for row in table(arch).get(rule, []):
+        conds = row.get("when", {})
+        if all(_holds(facts, cond, v) for cond, v in conds.items()):
+            return row
+    return None
+
+
+def _holds(facts: dict[str, int], cond: str, value: int) -> bool:
+    fact, _, op = cond.rpartition("_")
+    if fact not in facts or op not in ("max", "below"):
+        raise RuntimeError(f"schedule table condition {cond!r}: facts are {sorted(facts)} with _max/_below")
+    return facts[fact] <= value if op == "max" else facts[fact] < value
+
+
+def cuda_linear(
+    spec: Any, m_tiles: tuple[int, ...], a_dtypes: tuple[str, ...] = ("float16", "bfloat16")
+) -> bool:
+    """Whether ``spec`` is a decode-fused CUDA linear kernel of a bucket in ``m_tiles`` and an
+    activation dtype in ``a_dtypes``."""
+    return (
+        spec.target["kind"] == "cuda"
+        and spec.op == "linear"
+        and spec.m_bucket in m_tiles
+        and spec.a_dtype in a_dtypes
+    )
+
+
+def cheapest(rule: Rule, spec: Any) -> Any:
+    """The candidate of ``rule`` with the lowest cost for ``spec``, None when nothing fits."""
+    cands = rule.candidates(spec)
+    return min(cands, key=lambda h: rule.cost(spec, h)) if cands else None
