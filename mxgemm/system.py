@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 import shutil
 import subprocess
@@ -64,3 +65,12 @@ def check_device(device: torch.device | str | None) -> torch.device | None:
             "device='cuda' if torch.cuda.is_available() else 'cpu'"
         )
     return dev
+
+
+@functools.cache
+def cpu_threads() -> int:
+    """Threads for TVM's CPU kernels: ``$TVM_NUM_THREADS`` if set, else torch's
+    (``torch.get_num_threads()``), set before TVM starts its thread pool. (TVM's own default is half the
+    logical CPUs, assuming two hyperthreads a core: one thread on a 2-core VM.) Returns the count."""
+    n = int(os.environ.setdefault("TVM_NUM_THREADS", str(torch.get_num_threads())))
+    return n

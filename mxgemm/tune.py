@@ -80,10 +80,10 @@ def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[s
 
     cuda = not arch.startswith("llvm")
     out, notes = [], []
-    if not cuda and len(set(ms)) > 1:
+    if not cuda and len({m == 1 for m in ms}) < len(set(ms)):
         notes.append(
-            f"M={','.join(map(str, ms))} on {arch}: one task per shape, since a CPU kernel serves every M "
-            "(one dynamic-M kernel, no M buckets)"
+            f"M={','.join(map(str, ms))} on {arch}: a CPU kernel serves M=1 (the GEMV) and one serves every "
+            "other M (dynamic M, no buckets): one task each per shape"
         )
     for fmt in fmts:
         f = formats.get(fmt)
@@ -297,7 +297,7 @@ def summary(records: list[tunelog.Record]) -> str:
 
 
 def _bucket(m_bucket: int | None) -> str:
-    return "any M (CPU: one dynamic-M kernel)" if m_bucket is None else f"≤ {m_bucket}"
+    return "any M (one dynamic-M kernel)" if m_bucket is None else f"≤ {m_bucket}"
 
 
 def pending(todo: list[Task], log_path: Path) -> list[Task]:

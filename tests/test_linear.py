@@ -105,6 +105,40 @@ def test_cpu_kernel_is_bit_exact_for_exact_products():
         assert torch.equal(y, mxgemm.dequantize(q).T.to(torch.bfloat16)), fmt
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cpu_gemv_decodes_every_code_and_scale_bit_exactly(fmt):
+    """The one-row CPU kernel (``cpu_gemv``, its ``"sar"`` decode) with one-hot rows equals the same
+    product in torch bit for bit: each output is one decoded weight (rows holding an infinite or NaN
+    weight are NaN: 0 × inf). Random codes of every value and scale codes over the whole E8M0
+    range, 0 (2**-127), 254 (2**127) and 255 (NaN) included. (NaN/inf element codes, which quantize
+    never writes, decode to finite values in every kernel: replaced by 0.)"""
+    from mxgemm import packing
+    from mxgemm.weight import MxWeight
+
+    f = mxgemm.formats.get(fmt)
+    n, k = 16, 256
+    g = torch.Generator().manual_seed(7)
+    codes = torch.randint(0, 2**f.bits, (n, k), generator=g, dtype=torch.uint8)
+    unit = torch.full((n, k // 32), 127, dtype=torch.uint8)
+    special = ~mxgemm.dequantize(MxWeight(packing.pack(codes, f.bits), unit, fmt, 32, (n, k))).isfinite()
+    codes[special] = 0
+    scales = torch.randint(0, 255, (n, k // 32), generator=g, dtype=torch.uint8)
+    scales[0, :2] = torch.tensor([0, 254], dtype=torch.uint8)
+    scales[1, 3] = 255
+    q = MxWeight(packing.pack(codes, f.bits), scales, fmt, 32, (n, k))
+    kernel = mxgemm.build(fmt, n=n, k=k, m_bucket=1, a_dtype="bfloat16", target="llvm")
+    assert kernel.rule == "cpu_gemv"
+    planes, w = mxgemm.layout.transform_weight(q), mxgemm.dequantize(q)
+    y = torch.empty(1, n, dtype=torch.bfloat16)
+    for col in range(k):
+        x = torch.zeros(1, k, dtype=torch.bfloat16)
+        x[0, col] = 1
+        kernel(x, *planes, y)
+        want = (x.float() @ w.T).to(torch.bfloat16)
+        torch.testing.assert_close(y, want, rtol=0, atol=0, equal_nan=True)
+    assert y[0, 1].isnan() and y[0, 2:].isfinite().any()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", MS)
 @pytest.mark.parametrize("bias", [False, True])

@@ -28,7 +28,7 @@ def _schedule(fmt, n, k, m_bucket, a_dtype, hints=None, rule=None):
 
 
 def test_the_registry_names_every_rule():
-    assert rules.RULES == ("cpu", "mma", "gemv", "tensorcore", "dequant", "dlight")
+    assert rules.RULES == ("cpu_gemv", "cpu", "mma", "gemv", "tensorcore", "dequant", "dlight")
     for name in rules.RULES:
         rule = rules.get(name)
         assert (
@@ -56,9 +56,24 @@ def test_the_registry_names_every_rule():
         (_spec("mxfp4", 4104, 4096, 4, "float16"), {"gemv", "dlight"}),  # N not a multiple of 16
         (_spec("mxfp4", 4096, 4096, 1, "float16", op="decode"), {"dequant", "dlight"}),
         (_spec("mxfp4", 4096, 4096, None, "bfloat16", arch="llvm"), {"cpu"}),
+        (_spec("mxfp4", 4096, 4096, 1, "bfloat16", arch="llvm"), {"cpu_gemv", "cpu"}),
+        (_spec("mxfp4", 4096, 4104, 1, "bfloat16", arch="llvm", block_size=8), {"cpu"}),  # K ∤ 64
         (_spec("mxfp4", 4096, 4096, None, "bfloat16", arch="llvm", op="decode"), set()),
     ],
-    ids=["m1", "m16", "m64", "m256", "bf16", "block16", "ragged-n", "decode", "cpu", "cpu-decode"],
+    ids=[
+        "m1",
+        "m16",
+        "m64",
+        "m256",
+        "bf16",
+        "block16",
+        "ragged-n",
+        "decode",
+        "cpu",
+        "cpu-m1",
+        "cpu-ragged-k",
+        "cpu-decode",
+    ],
 )
 def test_each_rule_accepts_and_declines_the_right_specs(spec, serving):
     assert {name for name in rules.RULES if rules.get(name).applies(spec)} == serving

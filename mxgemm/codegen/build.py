@@ -26,10 +26,10 @@ OPS = ("linear", "decode")
 
 
 def m_bucket_for(m: int, target_kind: str) -> int | None:
-    """The kernel bucket that serves ``m`` rows: one dynamic-M kernel on CPU; on CUDA the smallest
-    bucket ≥ m."""
+    """The kernel bucket that serves ``m`` rows: on CPU 1 (the GEMV) for one row, else one dynamic-M
+    kernel (None); on CUDA the smallest bucket ≥ m."""
     if target_kind != "cuda":
-        return None
+        return 1 if m == 1 else None
     return next(b for b in M_BUCKETS if b is None or m <= b)
 
 
@@ -115,6 +115,8 @@ class Kernel:
                     from mxgemm.codegen import nvcc
 
                     nvcc.load_cuda_runtime()
+                else:
+                    system.cpu_threads()
                 self._func = tvm.runtime.load_module(str(self.path))["main"]
         return self._func
 
@@ -201,7 +203,7 @@ def build(
 
     Args:
         fmt: weight format name. n, k: output / input features (k a multiple of the block size).
-        m_bucket: rows served: 1, 16, 64, 256 or None (any M). CPU kernels always serve any M.
+        m_bucket: rows served: 1, 4, 16, 64, 256 or None (any M). CPU kernels: 1 (the GEMV) or any M.
         a_dtype, out_dtype: ``"float16"`` or ``"bfloat16"`` (or the torch dtypes); out defaults to a_dtype.
         target: ``"llvm"``, ``"cuda"`` (arch of the current GPU), ``"sm_80"``/``"sm_90"``, or a dict.
         bias: add a ``[n]`` bias in the epilogue. block_size: elements per scale (default 32).
@@ -221,8 +223,8 @@ def build(
         raise ValueError(f"m_bucket must be one of {M_BUCKETS}, got {m_bucket!r}")
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
-    if not targets.is_cuda(tgt) or op == "decode":
-        m_bucket = None
+    if op == "decode" or not (targets.is_cuda(tgt) or m_bucket == 1):
+        m_bucket = None  # CPU kernels: the GEMV for one row, else one dynamic-M kernel
     if op == "decode" and (bias or o != a):
         raise ValueError("op='decode' writes W in a_dtype: it takes no bias and no other out_dtype")
     check_shape(n, k, bs)

@@ -98,6 +98,36 @@ def nan_scales(word: PrimExpr) -> PrimExpr:
     return (u32(0xFEFEFEFE) - word) & word & u32(0x80808080)
 
 
+def top_aligned_code(planes: list[te.Tensor], row: PrimExpr, k: PrimExpr, bits: int) -> PrimExpr:
+    """uint32 holding the ``bits``-wide code of element ``k`` of ``row`` in its top bits (the bits
+    below it are garbage: whatever else the byte held). For a single plane this is ONE shift of the
+    byte (a constant shift where ``k % (8 / bits)`` is an unrolled loop's constant)."""
+    widths = plane_widths(bits)
+    if len(widths) > 1:
+        return extract_code(planes, row, k, bits) << u32(32 - bits)
+    per = 8 // bits
+    return u32(planes[0][row, k // per]) << (u32(32 - bits) - u32(k % per) * u32(bits))
+
+
+def element_expr_sar(fmt: Format, top: PrimExpr) -> PrimExpr:
+    """float32 value of the code in the top bits of uint32 ``top`` (:func:`top_aligned_code`) in 2–3
+    vector ops for CPUs; ints come times ``2**(bits-2)`` (:func:`weight_expr` folds the int step
+    into the block scale: exact, the step is below 1).
+
+    float: one arithmetic right shift by ``8 - ebits`` moves the exponent/mantissa field to the top
+    of the float32 exponent/mantissa fields and keeps the sign at bit 31, one AND keeps those bits:
+    the bits of :func:`element_expr`, then its exact multiply by ``2**(127 - bias)`` (which cannot
+    be folded into the scale: ``2**(127 - bias)`` times a large scale overflows). int: the
+    arithmetic shift sign-extends ``q``, one conversion makes it a float (exact).
+    """
+    signed = tirx.reinterpret("int32", top)
+    if fmt.kind == "int":
+        return tirx.Cast("float32", signed >> tirx.const(32 - fmt.bits, "int32"))
+    field = ((1 << (fmt.bits - 1)) - 1) << (23 - fmt.mbits)
+    bits = tirx.reinterpret(U32, signed >> tirx.const(8 - fmt.ebits, "int32")) & u32(0x80000000 | field)
+    return tirx.reinterpret("float32", bits) * tirx.const(2.0 ** (127 - fmt.bias), "float32")
+
+
 def weight_expr(
     fmt: Format,
     planes: list[te.Tensor],
@@ -106,8 +136,16 @@ def weight_expr(
     k: PrimExpr,
     block_size: int,
     dtype: str,
+    form: str = "bits",
 ) -> PrimExpr:
-    """Decoded weight ``W[row, k]`` in ``dtype``: element × block scale, computed in float32."""
-    code = extract_code(planes, row, k, fmt.bits)
-    value = element_expr(fmt, code) * scale_expr(scales[row, k // block_size])
+    """Decoded weight ``W[row, k]`` in ``dtype``: element × block scale, computed in float32.
+    ``form``: ``"bits"`` (:func:`element_expr`, what the GPU kernels use) or ``"sar"``
+    (:func:`element_expr_sar`, fewer vector ops on CPUs; the same values)."""
+    scale = scale_expr(scales[row, k // block_size])
+    if form == "sar":
+        value = element_expr_sar(fmt, top_aligned_code(planes, row, k, fmt.bits))
+        step = tirx.const(fmt.min_subnormal, "float32")
+        value = value * (scale * step) if fmt.kind == "int" else value * scale
+    else:
+        value = element_expr(fmt, extract_code(planes, row, k, fmt.bits)) * scale
     return value if dtype == "float32" else tirx.Cast(dtype, value)

@@ -21,6 +21,7 @@ def prim_func(
     bias: bool = False,
     block_size: int | None = None,
     decode_dtype: str | None = None,
+    decode_form: str = "bits",
 ) -> tirx.PrimFunc:
     """``Y[m, n] = cast(sum_k A[m, k] * W[n, k]) (+ Bias[n])`` with ``W`` decoded from MX/BFP codes.
 
@@ -33,7 +34,9 @@ def prim_func(
         Y: ``out_dtype [m, n]`` output (defaults to ``a_dtype``).
     Blocks: ``decode`` (W in ``decode_dtype``, default ``a_dtype``; one expression; ``"float32"`` is
     exact for every format and skips a round trip through 16 bits where no tensor core needs them),
-    ``matmul`` (fp32 accumulation), ``epilogue`` (cast, bias).
+    ``matmul`` (fp32 accumulation), ``epilogue`` (cast, bias). ``decode_form``: the decode
+    expression (:func:`mxgemm.codegen.decode.weight_expr`'s ``form``: ``"bits"`` or ``"sar"``, the
+    same values).
     """
     f = formats.get(fmt)
     bs = formats.check_block_size(block_size, f)
@@ -48,7 +51,7 @@ def prim_func(
 
     mm = te.var("m", "int64") if m is None else m
     a = te.placeholder((mm, k), a_dtype, name="A")
-    b, s, w = _decoded_weight(f, n, k, bs, decode_dtype)
+    b, s, w = _decoded_weight(f, n, k, bs, decode_dtype, decode_form)
     r = te.reduce_axis((0, k), name="k")
     acc = te.compute(
         (mm, n),
@@ -72,7 +75,7 @@ def prim_func(
     return func.with_attr("global_symbol", "main")
 
 
-def _decoded_weight(f: formats.Format, n: int, k: int, bs: int, dtype: str):
+def _decoded_weight(f: formats.Format, n: int, k: int, bs: int, dtype: str, form: str = "bits"):
     """Placeholders of the code planes and scales, and the ``decode`` compute ``[n, k]`` of ``dtype``."""
     widths = plane_widths(f.bits)
     names = ["B"] if len(widths) == 1 else [f"B{i}" for i in range(len(widths))]
@@ -81,7 +84,7 @@ def _decoded_weight(f: formats.Format, n: int, k: int, bs: int, dtype: str):
         for nm, w in zip(names, widths, strict=True)
     ]
     s = te.placeholder((n, k // bs), "uint8", name="S")
-    w = te.compute((n, k), lambda i, j: weight_expr(f, b, s, i, j, bs, dtype), name="decode")
+    w = te.compute((n, k), lambda i, j: weight_expr(f, b, s, i, j, bs, dtype, form), name="decode")
     return b, s, w
 
 

@@ -19,8 +19,8 @@ from mxgemm.rules.base import Make, Rule, Scheduled
 log = logging.getLogger(__name__)
 
 
-RULES = ("cpu", "mma", "gemv", "tensorcore", "dequant", "dlight")
-TUNABLE = ("cpu", "mma", "gemv", "tensorcore")  # rules with hints (what a tune record may name)
+RULES = ("cpu_gemv", "cpu", "mma", "gemv", "tensorcore", "dequant", "dlight")
+TUNABLE = ("cpu_gemv", "cpu", "mma", "gemv", "tensorcore")  # rules with hints (what a tune record may name)
 _CUDA_LINEAR = ("mma", "tensorcore", "gemv", "dlight")  # the router's order for a CUDA linear kernel
 
 
@@ -44,12 +44,13 @@ def name_of(hints: Any) -> str:
 def route(spec: Any) -> list[Rule]:
     """The rules that make ``spec``'s kernel with their defaults, in the order they are tried: on CUDA
     ``mma`` (except for 8-bit codes at M=1, which ``gemv`` streams faster), ``tensorcore``, ``gemv``,
-    then dlight; ``dequant`` then dlight for the standalone decode; ``cpu`` on an LLVM target."""
+    then dlight; ``dequant`` then dlight for the standalone decode; ``cpu_gemv`` (one row) then
+    ``cpu`` on an LLVM target."""
     from mxgemm import formats
     from mxgemm.layout import plane_widths
 
     if spec.target["kind"] != "cuda":
-        names: tuple[str, ...] = ("cpu",)
+        names: tuple[str, ...] = ("cpu_gemv", "cpu")
     elif spec.op == "decode":
         names = ("dequant", "dlight")
     else:

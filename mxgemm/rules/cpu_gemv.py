@@ -1,0 +1,124 @@
+"""CPU rule for one row of activations (M bucket 1): a GEMV that reads each weight byte once, decodes
+in vector registers and accumulates in fp32 vectors, parallel over output rows.
+
+The decode is :func:`mxgemm.codegen.decode.weight_expr`'s ``"sar"`` form (one shift to put the code
+at the top of a 32-bit lane, one arithmetic shift and one AND to place sign and exponent/mantissa
+bits, the exact float32 multiply(s)), inlined into the multiply-add. K is walked in groups of
+``lanes × per`` codes (``per`` codes a byte of the narrowest plane): the ``lanes`` bytes of a group are
+one contiguous vector load, each of their ``per`` codes one unrolled step whose shift is a constant.
+The reduction over K is therefore in a permuted order; the activations are permuted once per call to
+match (``A_global``, ``[m, k / (lanes·per), per, lanes]``), so their loads are contiguous vectors too.
+A ``lanes``-wide fp32 accumulator per output row (``rfactor``) is summed across lanes at the row's end.
+Parallel tasks take ``rows`` output rows each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tvm import s_tir
+
+from mxgemm import formats
+from mxgemm.layout import plane_widths
+from mxgemm.rules.base import Rule, Scheduled
+
+LANES = (16, 8, 32)  # fp32 lanes of the accumulator (AVX2 registers hold 8; LLVM splits wider vectors)
+ROWS = (8, 16, 4, 2, 1)
+
+
+@dataclass(frozen=True)
+class Hints:
+    """lanes: codes of one plane byte-vector (fp32 accumulator width); rows: output rows per task."""
+
+    lanes: int = 16
+    rows: int = 8
+
+    def __post_init__(self) -> None:
+        if self.lanes not in LANES or self.rows not in ROWS:
+            raise ValueError(f"cpu_gemv hints out of range: {self}")
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def _per(fmt: formats.Format) -> int:
+    """Codes per byte of the narrowest plane."""
+    return 8 // min(plane_widths(fmt.bits))
+
+
+def fits(h: Hints, n: int, k: int, fmt: formats.Format) -> bool:
+    """Whether ``h`` tiles an ``[n, k]`` weight: N a multiple of ``rows``, K of a group."""
+    return n % h.rows == 0 and k % (h.lanes * _per(fmt)) == 0
+
+
+class CpuGemv(Rule):
+    """LLVM targets, M bucket 1, a shape some hints tile."""
+
+    name = "cpu_gemv"
+    Hints = Hints
+
+    @staticmethod
+    def _serves(spec: Any) -> bool:
+        return spec.target["kind"] == "llvm" and spec.op == "linear" and spec.m_bucket == 1
+
+    def candidates(self, spec: Any) -> list[Hints]:
+        if not self._serves(spec):
+            return []
+        f = formats.get(spec.fmt)
+        return [h for h in (Hints(v, r) for v in LANES for r in ROWS) if fits(h, spec.n, spec.k, f)]
+
+    def cost(self, spec: Any, h: Hints) -> float:
+        """16 lanes (two AVX2 registers: two independent accumulator chains) and 8 rows a task
+        measured best on a 2-core Zen 3 (``benchmarks/README.md``); other widths a bit worse."""
+        return (1.0 if h.lanes == 16 else 1.1) * (1.0 if h.rows == 8 else 1.05)
+
+    def default_hints(self, spec: Any) -> Hints | None:
+        cands = self.candidates(spec)
+        return min(cands, key=lambda h: self.cost(spec, h)) if cands else None
+
+    def apply(self, spec: Any, make: Any, hints: Hints | None = None) -> Scheduled | None:
+        """Schedules the spec's prim_func with the ``"sar"`` decode (``make`` is not used: it builds
+        the ``"bits"`` form); None when the hints do not tile the shape."""
+        del make
+        h = hints if hints is not None else self.default_hints(spec)
+        fmt = formats.get(spec.fmt)
+        if h is None or not self._serves(spec) or not fits(h, spec.n, spec.k, fmt):
+            return None
+        from mxgemm.codegen.prim_func import prim_func
+
+        func = prim_func(
+            spec.fmt, n=spec.n, k=spec.k, m=1, a_dtype=spec.a_dtype, out_dtype=spec.out_dtype,
+            bias=spec.bias, block_size=spec.block_size, decode_dtype="float32", decode_form="sar",
+        )  # fmt: skip
+        return Scheduled(self.name, _schedule(func, h, _per(fmt)), h)
+
+
+RULE = CpuGemv()
+
+
+def _schedule(func: Any, h: Hints, per: int) -> Any:
+    """The schedule of the module docstring; returns the IRModule."""
+    lanes = h.lanes
+    sch = s_tir.Schedule(func)
+    dec, mm, epi = (sch.get_sblock(name) for name in ("decode", "matmul", "epilogue"))
+    sch.compute_inline(dec)
+    i, j, k = sch.get_loops(mm)
+    g, kv, kn = sch.split(k, [None, lanes, per])
+    jo, ji = sch.split(j, [None, h.rows])
+    sch.reorder(jo, i, ji, g, kn, kv)
+    rf = sch.rfactor(kv, 0)
+    jo, i, ji, g, kn, kv = sch.get_loops(rf)
+    sch.parallel(jo)
+    sch.reverse_compute_at(mm, ji)
+    sch.reverse_compute_at(epi, ji)
+    sch.set_scope(rf, 0, "local")
+    sch.set_scope(mm, 0, "local")
+    sch.vectorize(kv)
+    sch.unroll(kn)
+    a = next(n for n, r in enumerate(sch.get(rf).reads) if r.source.name == "A")
+    a_perm = sch.cache_read(rf, a, "global")
+    group = lanes * per
+    sch.transform_layout(a_perm, ("write", 0), lambda r, c: (r, c // group, c % per, c % group // per))
+    sch.decompose_reduction(rf, g)
+    return sch.mod
