@@ -72,5 +72,4 @@ def cpu_threads() -> int:
     """Threads for TVM's CPU kernels: ``$TVM_NUM_THREADS`` if set, else torch's
     (``torch.get_num_threads()``), set before TVM starts its thread pool. (TVM's own default is half the
     logical CPUs, assuming two hyperthreads a core: one thread on a 2-core VM.) Returns the count."""
-    n = int(os.environ.setdefault("TVM_NUM_THREADS", str(torch.get_num_threads())))
-    return n
+    return int(os.environ.setdefault("TVM_NUM_THREADS", str(torch.get_num_threads())))

@@ -21,7 +21,7 @@ from tvm import s_tir
 
 from mxgemm import formats
 from mxgemm.layout import plane_widths
-from mxgemm.rules.base import Rule, Scheduled
+from mxgemm.rules.base import Rule, Scheduled, cheapest
 
 LANES = (16, 8, 32)  # fp32 lanes of the accumulator (AVX2 registers hold 8; LLVM splits wider vectors)
 ROWS = (8, 16, 4, 2, 1)
@@ -69,13 +69,13 @@ class CpuGemv(Rule):
         return [h for h in (Hints(v, r) for v in LANES for r in ROWS) if fits(h, spec.n, spec.k, f)]
 
     def cost(self, spec: Any, h: Hints) -> float:
-        """16 lanes (two AVX2 registers: two independent accumulator chains) and 8 rows a task
-        measured best on a 2-core Zen 3 (``benchmarks/README.md``); other widths a bit worse."""
+        """16 lanes (two AVX2 registers: two independent accumulator chains) and 8 rows a task. On a
+        2-core Zen 3 (2026-11-24, 4096² mxfp4) 32 lanes measured ~2x slower; 8 lanes and 4–16 rows
+        were within that box's noise of the default."""
         return (1.0 if h.lanes == 16 else 1.1) * (1.0 if h.rows == 8 else 1.05)
 
     def default_hints(self, spec: Any) -> Hints | None:
-        cands = self.candidates(spec)
-        return min(cands, key=lambda h: self.cost(spec, h)) if cands else None
+        return cheapest(self, spec)
 
     def apply(self, spec: Any, make: Any, hints: Hints | None = None) -> Scheduled | None:
         """Schedules the spec's prim_func with the ``"sar"`` decode (``make`` is not used: it builds
