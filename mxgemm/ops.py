@@ -46,8 +46,8 @@ def plan(
     ``("decode", None)``: W decoded in 16 bits by a generated kernel, then cuBLAS. CPU: always the fused
     kernel (bucket 1, the GEMV, for one row; else one dynamic-M kernel). CUDA, asking the rules
     (:mod:`mxgemm.rules`) which apply, by what measured fastest on an H100 (``benchmarks/README.md``):
-    ``mma`` wherever it applies (fp16, up to
-    64 rows); else the small-M rules up to ``DECODE_ABOVE`` rows (up to 2 for sub-byte codes when
+    ``mma`` wherever it applies (fp16 or bf16, up
+    to 64 rows); else the small-M rules up to ``DECODE_ABOVE`` rows (up to 2 for sub-byte codes when
     ``tensorcore`` applies: it wins from 3 rows there); ``tensorcore`` up to 64 rows; decode + cuBLAS
     beyond."""
     from mxgemm import rules

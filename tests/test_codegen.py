@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 import mxgemm
-from mxgemm.codegen import cache, nvcc
+from mxgemm.codegen import cache, nvcc, pairs
 from mxgemm.codegen import target as targets
 from mxgemm.codegen.build import KernelSpec
 from mxgemm.layout import plane_widths
@@ -126,7 +126,7 @@ def test_cuda_compiles_every_format(fmt):
         (1, "float16", "linear", "gemv" if bits0 == 8 else "mma", None),  # 8-bit codes stream faster
         (4, "float16", "linear", "mma", None),
         (4, "float16", "linear", "gemv", {"rows": 2, "load_bytes": 16, "a_vec": 8}),  # hints pick their rule
-        (16, "bfloat16", "linear", "gemv", None),  # no bf16 tensor-core rule yet: the small-M rule
+        (16, "bfloat16", "linear", "mma", None),  # bf16 mmas
         (64, "float16", "linear", "mma", None),
         (64, "float16", "linear", "tensorcore", tc_hints.to_dict()),  # tuned hints pick their rule
         (256, "bfloat16", "linear", "dlight.", None),
@@ -147,7 +147,9 @@ def test_cuda_rules_by_bucket():
     mma = mxgemm.build("mxfp4", n=256, k=1024, m_bucket=1, a_dtype="float16", target="sm_90")
     assert mma.rule == "mma" and "mma.sync.aligned.m16n8k16" in mma.source
     assert "uint4" in mma.source  # 16-byte loads of A
-    gemv = mxgemm.build("mxfp4", n=256, k=1024, m_bucket=1, a_dtype="bfloat16", target="sm_90")
+    bf16 = mxgemm.build("mxfp4", n=256, k=1024, m_bucket=1, a_dtype="bfloat16", target="sm_90")
+    assert bf16.rule == "mma" and "m16n8k16.row.col.f32.bf16.bf16.f32" in bf16.source
+    gemv = mxgemm.build("mxfp8_e4m3", n=256, k=1024, m_bucket=1, a_dtype="bfloat16", target="sm_90")
     assert gemv.rule == "gemv" and "uint4" in gemv.source  # ours: 16-byte weight loads
     assert gemv.info["hints"] == {
         "rows": 1,
@@ -176,7 +178,7 @@ def test_cuda_rules_by_bucket():
 def test_routing_by_bucket_format_and_shape():
     """One routing for `mxgemm.build` and `mxgemm tune` (`rules.rule_for`), and the M → kernel plan of
     `mxgemm.linear` (`ops.plan`): fp16 up to 64 rows runs the mma rule where it tiles the shape, except
-    8-bit codes at M=1 (gemv); bf16 small M runs gemv; beyond 64 rows, decode + cuBLAS."""
+    8-bit codes at M=1 (gemv), and so does bf16; beyond 64 rows, decode + cuBLAS."""
     from mxgemm import ops, rules
 
     tgt = targets.cuda("sm_90")
@@ -189,7 +191,8 @@ def test_routing_by_bucket_format_and_shape():
     assert routed("mxfp8_e4m3", 4096, 4096, 1, "float16") == "gemv"
     assert routed("mxfp8_e4m3", 4096, 4096, 4, "float16") == "mma"
     assert routed("mxfp6_e3m2", 4096, 4096, 64, "float16") == "mma"
-    assert routed("mxfp4", 4096, 4096, 16, "bfloat16") == "gemv"
+    assert routed("mxfp4", 4096, 4096, 16, "bfloat16") == "mma"
+    assert routed("mxfp8_e4m3", 4096, 4096, 1, "bfloat16") == "gemv"
     assert routed("mxfp4", 4096, 4096, 16, "float16", 16) == "tensorcore"  # block 16: two scales a step
     assert routed("mxfp4", 4104, 4096, 1, "float16") == "gemv"  # N not a multiple of 16
     assert routed("mxfp4", 4096, 4096, 256, "float16") is None  # dlight
@@ -203,7 +206,8 @@ def test_routing_by_bucket_format_and_shape():
         64: ("linear", 64),
         65: ("decode", None),
     }
-    assert ops.plan(16, "sm_90", "mxfp4", 4096, 4096, "bfloat16") == ("decode", None)
+    assert ops.plan(16, "sm_90", "mxfp4", 4096, 4096, "bfloat16") == ("linear", 16)
+    assert ops.plan(65, "sm_90", "mxfp4", 4096, 4096, "bfloat16") == ("decode", None)
     assert ops.plan(3, "llvm", "mxfp4", 4096, 4096, "float16") == ("linear", None)
 
 
@@ -294,6 +298,32 @@ def test_mma_hints_shape_the_kernel():
         rule="mma",
     )
     assert odd.rule == "mma" and odd.info["hints"]["nt"] == 1  # 528 = 33 tiles of 16 rows
+
+
+@pytest.mark.nvcc
+def test_mma_bf16_finishes_each_pair_with_one_fma():
+    """bf16 activations: bf16 mmas, and each decoded pair of float codes (and of integer codes of ≤ 7
+    bits) gets exactly one ``fma.rn.bf16x2`` with :func:`~mxgemm.codegen.pairs.bf16_fma`'s operands;
+    e5m2 (widened from fp16, keeping inf/NaN) and 8-bit integers (through fp32) get none; fp16 none."""
+    hints = {"nt": 1, "kw": 4, "unroll": 4, "stages": 0}  # 4 steps × 2 mmas × 4 pairs, twice
+    for fmt, dtype, fmas in (
+        ("mxfp4", "bfloat16", 2 * 4 * 2 * 4),
+        ("bfp5", "bfloat16", 2 * 4 * 2 * 4),
+        ("mxfp8_e5m2", "bfloat16", 0),
+        ("mxint8", "bfloat16", 0),
+        ("mxfp4", "float16", 0),
+    ):
+        k = mxgemm.build(
+            fmt, n=256, k=1024, m_bucket=1, a_dtype=dtype, target="sm_80", hints=hints, rule="mma"
+        )
+        body = k.source[k.source.index("__global__") :]
+        ab = {"float16": "f16", "bfloat16": "bf16"}[dtype]
+        assert k.rule == "mma" and f"m16n8k16.row.col.f32.{ab}.{ab}.f32" in k.source
+        assert body.count("fma_half_rn_bf16x2(") == fmas, (fmt, dtype)
+        fma = pairs.bf16_fma(mxgemm.formats.get(fmt), dtype)
+        assert (fma is None) == (fmas == 0)
+        if fma is not None:
+            assert f"(uint){fma[0]}, (uint){fma[1]})" in body
 
 
 @pytest.mark.nvcc

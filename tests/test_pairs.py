@@ -1,5 +1,5 @@
-"""The fp16-pair decode of the ``mma`` rule (:mod:`mxgemm.codegen.pairs`), run on the CPU (LLVM),
-bit-exact against ml_dtypes / the two's complement oracle for every code of every format."""
+"""The fp16- and bf16-pair decodes of the ``mma`` rule (:mod:`mxgemm.codegen.pairs`), run on the CPU
+(LLVM), bit-exact against ml_dtypes / the two's complement oracle for every code of every format."""
 
 import ml_dtypes
 import numpy as np
@@ -12,7 +12,10 @@ from mxgemm.codegen import pairs
 from mxgemm.layout import plane_widths, to_planes
 from tests import oracle
 
-FORMATS = [f for f in formats.names() if pairs.supported(formats.get(f))]
+CASES = [
+    (f, dt) for dt in ("float16", "bfloat16") for f in formats.names() if pairs.supported(formats.get(f), dt)
+]
+NP_DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
 
 def _words(codes: np.ndarray, bits: int) -> np.ndarray:
@@ -27,7 +30,7 @@ def _words(codes: np.ndarray, bits: int) -> np.ndarray:
     return out
 
 
-def _decode_fn(fmt, cases: int, left: bool):
+def _decode_fn(fmt, cases: int, left: bool, dtype: str):
     import tvm
     from tvm.script.ir_builder import IRBuilder
     from tvm.script.ir_builder import tirx as T
@@ -40,16 +43,27 @@ def _decode_fn(fmt, cases: int, left: bool):
             o = T.match_buffer(T.arg("O", T.handle()), (cases, 4), "uint32")
             with T.serial(0, cases) as c:
                 for pair in range(4):
-                    bits = pairs.decode_pair(fmt, lambda p, i: w[c, p, i], pair, cuda=False, left=left)
+                    bits = pairs.decode_pair(
+                        fmt, lambda p, i: w[c, p, i], pair, cuda=False, left=left, dtype=dtype
+                    )
                     T.buffer_store(o, bits, [c, pair])
     return tvm.compile(tvm.IRModule({"main": ib.get()}), target="llvm")["main"]
 
 
+def _fma_bf16x2(a: np.ndarray, b: int, c: int) -> np.ndarray:
+    """PTX ``fma.rn.bf16x2 d, a, b, c`` on uint32 words (float64 holds every product and sum of
+    these operands exactly, so one rounding to bf16 is the instruction's)."""
+    lanes = lambda w: np.asarray(w, np.uint32).reshape(-1, 1).view(ml_dtypes.bfloat16)  # noqa: E731
+    d = lanes(a).astype(np.float64) * lanes(b).astype(np.float64) + lanes(c).astype(np.float64)
+    return d.astype(ml_dtypes.bfloat16).view(np.uint32).reshape(a.shape)
+
+
 @pytest.mark.parametrize("left", [False, True])
-@pytest.mark.parametrize("name", FORMATS)
-def test_every_code_pair_bit_exact(name, left):
+@pytest.mark.parametrize(("name", "dtype"), CASES)
+def test_every_code_pair_bit_exact(name, dtype, left):
     """Every code at every position of a run of 8 (and each next to every other code) decodes to
-    its value times the format's fp16 offset, exactly (both byte-lane choices: ``left``)."""
+    its value times the format's offset, exactly, in fp16 and in bf16 (both byte-lane choices:
+    ``left``)."""
     import tvm
 
     fmt = formats.get(name)
@@ -65,12 +79,15 @@ def test_every_code_pair_bit_exact(name, left):
     words = _words(codes, fmt.bits)
     out = np.zeros((codes.shape[0], 4), np.uint32)
     w_t, o_t = tvm.runtime.tensor(words), tvm.runtime.tensor(out)
-    _decode_fn(fmt, codes.shape[0], left)(w_t, o_t)
-    with np.errstate(invalid="ignore"):  # e5m2's NaN/inf codes decode to fp16 NaN/inf: NaN × factor
-        got = o_t.numpy().view(np.float16).reshape(-1, 8).astype(np.float64) * pairs.out_factor(fmt)
+    _decode_fn(fmt, codes.shape[0], left, dtype)(w_t, o_t)
+    raw = o_t.numpy()
+    if (fma := pairs.bf16_fma(fmt, dtype)) is not None:
+        raw = _fma_bf16x2(raw, *fma)
+    with np.errstate(invalid="ignore"):  # e5m2's NaN/inf codes decode to NaN/inf: NaN × factor
+        got = raw.view(NP_DTYPES[dtype]).reshape(-1, 8).astype(np.float64) * pairs.out_factor(fmt)
     want = oracle.decode(codes, spec)
     special = ~np.isfinite(want)  # NaN/inf codes (never produced by quantize)
-    if name == "mxfp8_e5m2":  # they land on the fp16 inf/NaN codes
+    if name == "mxfp8_e5m2":  # they land on the inf/NaN codes
         assert np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(
             got[np.isinf(want)], want[np.isinf(want)]
         )
@@ -80,7 +97,11 @@ def test_every_code_pair_bit_exact(name, left):
 
 def test_unsupported_format_is_refused():
     wide = formats.Format("e6m1", "float", 8, 6, 1, "none", 32, None)
-    assert not pairs.supported(wide)
+    assert not pairs.supported(wide) and not pairs.supported(wide, "bfloat16")
+    long = formats.Format("e2m8", "float", 11, 2, 8, "none", 32, None)
+    assert pairs.supported(long) and not pairs.supported(long, "bfloat16")  # 8 mantissa bits > bf16's 7
+    int9 = formats.Format("int9", "int", 9, 0, 8, "none", 32, None)
+    assert pairs.supported(int9) and not pairs.supported(int9, "bfloat16")
     assert ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).bits == 8
 
 

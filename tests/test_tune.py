@@ -40,8 +40,9 @@ def test_tasks_cover_the_tunable_buckets(cpu_arch):
     todo, notes = tune.tasks([(4096, 4096)], ["mxfp4"], (1, 2, 4, 16, 4096), "float16", "sm_90")
     assert [t.m_bucket for t in todo] == [1, 4, 16]  # what `mxgemm.linear` runs: the mma rule
     assert notes == ["4096,4096 M=4096: decode + cuBLAS, no hints to tune: skipped"]
-    bf16, notes = tune.tasks([(4096, 4096)], ["mxfp4"], (16,), "bfloat16", "sm_90")
-    assert bf16 == [] and notes == ["4096,4096 M=16: decode + cuBLAS, no hints to tune: skipped"]
+    bf16, notes = tune.tasks([(4096, 4096)], ["mxfp4"], (16, 256), "bfloat16", "sm_90")
+    assert [(t.m_bucket, tune.rule_of(t)) for t in bf16] == [(16, "mma")]  # bf16 mmas
+    assert notes == ["4096,4096 M=256: decode + cuBLAS, no hints to tune: skipped"]
     cpu_tasks, notes = tune.tasks([(64, 256)], ["mxfp4"], (1, 4096), "float16", cpu_arch)
     assert [t.m_bucket for t in cpu_tasks] == [1, None]  # the GEMV, one dynamic-M kernel
     assert notes == []
@@ -61,8 +62,8 @@ def test_tasks_cover_the_tunable_buckets(cpu_arch):
         (1, "float16", mma),
         (16, "float16", mma),
         (64, "float16", mma),
-        (1, "bfloat16", gemv),
-        (16, "bfloat16", gemv),
+        (1, "bfloat16", mma),
+        (16, "bfloat16", mma),
     ],
 )
 def test_candidates_deterministic_and_valid(arch, fmt, m_bucket, dtype, rule):
@@ -81,10 +82,17 @@ def test_candidates_deterministic_and_valid(arch, fmt, m_bucket, dtype, rule):
 
 @pytest.mark.nvcc
 def test_every_gemv_candidate_builds():
-    task = tune.Task("mxfp4", 256, 2048, 4, "bfloat16", "sm_90")
+    task = tune.Task("mxfp8_e4m3", 256, 2048, 1, "bfloat16", "sm_90")  # gemv: 8-bit codes, one row
     for hints in tune.candidates(task, 64):
         k = mxgemm.build(
-            "mxfp4", n=256, k=2048, m_bucket=4, a_dtype="bfloat16", target="sm_90", hints=hints, rule="gemv"
+            "mxfp8_e4m3",
+            n=256,
+            k=2048,
+            m_bucket=1,
+            a_dtype="bfloat16",
+            target="sm_90",
+            hints=hints,
+            rule="gemv",
         )
         assert k.rule == "gemv" and k.info["hints"] == hints
 

@@ -1,6 +1,7 @@
 """The kernel of the ``mma`` rule (:mod:`mxgemm.rules.mma` picks its hints and when it applies):
-tensor cores fed from registers (``mma.sync.m16n8k16``) for fp16 activations at small and mid M, the
-codes decoded two per integer op (:mod:`mxgemm.codegen.pairs`).
+tensor cores fed from registers (``mma.sync.m16n8k16``) for fp16 or bf16 activations at small and
+mid M, the codes decoded two per integer op (:mod:`mxgemm.codegen.pairs`; bf16 pairs mostly need one
+more, an exact ``fma.rn.bf16x2``).
 
 The kernel is written as low-level TensorIR (threads, registers, ``ptx_legacy.mma``), not scheduled
 from the prim_func, because the mma operand has to be *computed* in registers: no shared-memory
@@ -129,9 +130,10 @@ def kernel(
     bias: bool,
     block_size: int,
     hints: Hints,
+    a_dtype: str = "float16",
 ) -> tirx.PrimFunc:
     """The kernel as a PrimFunc with :func:`~mxgemm.codegen.prim_func.prim_func`'s arguments: A
-    ``float16 [m, k]`` (``m`` static 1 for the bucket 1, else dynamic), the code planes ``uint8 [n,
+    ``a_dtype [m, k]`` (float16 or bfloat16; ``m`` static 1 for the bucket 1, else dynamic), the code planes ``uint8 [n,
     k*w/8]``, S ``uint8 [n, k/block_size]``, Bias ``out_dtype [n]`` (if ``bias``), Y ``out_dtype [m, n]``."""
     # here, not at import: a GPU box with the TVM runtime alone runs prebuilt kernels and routes with
     # this module, and its TVM has no script builder
@@ -140,15 +142,16 @@ def kernel(
 
     with IRBuilder() as ib:
         with T.prim_func():
-            _Kernel(T, fmt, n, k, m_tile, out_dtype, bias, block_size, hints).emit()
+            _Kernel(T, fmt, n, k, m_tile, out_dtype, bias, block_size, hints, a_dtype).emit()
     return ib.get()
 
 
 class _Kernel:
     """Emits the kernel into the IR builder frame ``T`` is building (one method per part)."""
 
-    def __init__(self, T, fmt, n, k, m_tile, out_dtype, bias, block_size, h):  # noqa: N803, PLR0913
+    def __init__(self, T, fmt, n, k, m_tile, out_dtype, bias, block_size, h, a_dtype):  # noqa: N803, PLR0913
         self.T, self.fmt, self.n, self.k, self.m_tile = T, fmt, n, k, m_tile
+        self.a_dtype, self.fma = a_dtype, pairs.bf16_fma(fmt, a_dtype)
         self.out_dtype, self.bias, self.block_size, self.h = out_dtype, bias, block_size, h
         self.widths = plane_widths(fmt.bits)
         self.xt_n = -(-m_tile // 8)  # n8 tiles of activation rows
@@ -180,7 +183,7 @@ class _Kernel:
         s_h = T.arg("S", T.handle())
         bias_h = T.arg("Bias", T.handle()) if self.bias else None
         y_h = T.arg("Y", T.handle())
-        self.A = T.match_buffer(a_h, (m, k), "float16")
+        self.A = T.match_buffer(a_h, (m, k), self.a_dtype)
         self.B = [T.match_buffer(b, (n, k * w // 8), "uint8") for b, w in zip(b_h, self.widths, strict=True)]
         self.S = T.match_buffer(s_h, (n, k // self.block_size), "uint8")
         self.Bias = T.match_buffer(bias_h, (n,), self.out_dtype) if self.bias else None
@@ -236,18 +239,22 @@ class _Kernel:
         lane's row ``r`` (0: ``quad``, 1: ``quad + 8``) of tile ``t``; ``scale(t, r)`` its float32
         block scale; the activations already in :attr:`bfr`."""
         T, h, xt_n = self.T, self.h, self.xt_n
+        ab = {"float16": "fp16", "bfloat16": "bf16"}[self.a_dtype]
         for t, g, q in itertools.product(range(h.nt), range(2), range(4)):
             # a0..a3: rows quad / quad+8 × codes (4g, 4g+1) / (4g+2, 4g+3)
             wd = lambda p, i, t=t, r=q % 2: word(t, r, p, i)  # noqa: E731
-            pair = pairs.decode_pair(self.fmt, wd, 2 * g + q // 2, left=bool(h.shl))
+            pair = pairs.decode_pair(self.fmt, wd, 2 * g + q // 2, left=bool(h.shl), dtype=self.a_dtype)
             T.buffer_store(self.afr, pair, [t, g, q])
+            if self.fma is not None:
+                a = self.afr[t, g, q]
+                T.evaluate(T.ptx.fma.rn.bf16x2(a, a, u32(self.fma[0]), u32(self.fma[1])))
         for t, a in itertools.product(range(h.nt), range(xt_n)):
             for e in range(4):
                 T.buffer_store(self.tmp, tirx.const(0.0, "float32"), [t, a, e])
             for g in range(2):
                 T.evaluate(
                     T.ptx_legacy.mma(
-                        "m16n8k16", "row", "col", "fp16", "fp16", "fp32",
+                        "m16n8k16", "row", "col", ab, ab, "fp32",
                         self.afr.data, (t * 2 + g) * 4, self.bfr.data, (a * 2 + g) * 2,
                         self.tmp.data, (t * xt_n + a) * 4, False, dtype="float32",
                     )

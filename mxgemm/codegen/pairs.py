@@ -12,10 +12,25 @@ half2 subtraction gives ``q``, and :func:`out_factor` applies ``2**-(bits-2)``.
 ``left``: the pair goes to the byte lane from which every field moves left. ptxas issues a left shift
 as ``IMAD.SHL`` on the FMA pipe, a right one as ``SHF`` on the ALU pipe, where the ring kernels'
 decode is the busiest pipe; which is faster depends on the kernel (a tuning hint of the ``mma`` rule).
+
+bf16 pairs (``mma.sync`` with bf16 activations) hold the same values as the fp16 ones, so
+:func:`out_factor` does not depend on the dtype. Most need one exact ``fma.rn.bf16x2`` after
+:func:`decode_pair` (:func:`bf16_fma` gives its operands; TVM would split a bf16x2 expression into
+two scalar ops):
+
+- float codes go to the low end of bf16's 8-bit exponent field (value times ``2**(bias - 127)``,
+  subnormal codes to bf16 subnormals) and the fma multiplies by ``2**112``, to the fp16 offset: normal
+  bf16 numbers, so the fp32 accumulator never sees a subnormal product. e5m2, whose all-ones exponent
+  is inf/NaN, is decoded to fp16 and widened exactly instead (two ``cvt`` and a ``prmt``), so its
+  specials stay inf/NaN;
+- integer codes of up to 7 bits: the magic number 128.0 (7 mantissa bits), subtracted by the fma;
+  8-bit codes go through fp32 (``2**23 + u`` by a ``prmt`` each, one exact fp32 subtraction each),
+  whose top halves are the bf16 pair (one ``prmt``).
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 
 from tvm import tirx
@@ -63,15 +78,39 @@ def _field(
     return prmt(word << u32(w), word, sel, cuda), 8 * lo + within
 
 
+MANT = {"float16": 10, "bfloat16": 7}  # explicit mantissa bits of the pair's halves
+
+
+def _half_to_bf16(bits: PrimExpr, cuda: bool) -> PrimExpr:
+    """An fp16 pair (uint32 bits) as the bf16 pair of the same values, which bf16 must hold exactly:
+    each half widened to fp32, whose top 16 bits are then its bf16 bits."""
+    f32 = [
+        tirx.reinterpret(U32, tirx.Cast("float32", tirx.reinterpret("float16", tirx.Cast("uint16", h))))
+        for h in (bits & u32(0xFFFF), bits >> u32(16))
+    ]
+    return prmt(f32[0], f32[1], 0x7632, cuda)
+
+
 def decode_pair(
-    fmt: Format, word: Callable[[int, int], PrimExpr], pair: int, cuda: bool = True, left: bool = False
+    fmt: Format,
+    word: Callable[[int, int], PrimExpr],
+    pair: int,
+    cuda: bool = True,
+    left: bool = False,
+    dtype: str = "float16",
 ) -> PrimExpr:
-    """uint32 bits of the fp16 pair of codes ``2 pair`` and ``2 pair + 1`` (low and high half) of a
-    run of 8 codes of ``fmt``, given as their bit planes (:func:`mxgemm.layout.plane_widths`, low
-    bits first): ``word(plane, i)`` is uint32 word ``i`` of the plane's ``w`` bytes (little endian;
-    two words for 8-bit planes, else one, zero-extended). ``cuda``: ``prmt`` as one instruction;
-    ``left``: fields moved by left shifts where the lanes allow it (the same bits).
+    """uint32 bits of the ``dtype`` pair (``"float16"`` or ``"bfloat16"``) of codes ``2 pair`` and
+    ``2 pair + 1`` (low and high half) of a run of 8 codes of ``fmt``, given as their bit planes
+    (:func:`mxgemm.layout.plane_widths`, low bits first): ``word(plane, i)`` is uint32 word ``i`` of
+    the plane's ``w`` bytes (little endian; two words for 8-bit planes, else one, zero-extended).
+    ``cuda``: ``prmt`` as one instruction; ``left``: fields moved by left shifts where the lanes
+    allow it (the same bits). The pair holds the codes' values times ``1 / out_factor(fmt)`` once
+    :func:`bf16_fma` (if not None) is applied to it.
     """
+    bf16 = dtype == "bfloat16"
+    if bf16 and fmt.specials == "ieee":
+        return _half_to_bf16(decode_pair(fmt, word, pair, cuda, left), cuda)
+    mant = MANT[dtype]
     terms: list[PrimExpr] = []
     off = 0
     top = fmt.bits - 1  # the sign bit of float codes
@@ -82,7 +121,7 @@ def decode_pair(
             terms.append(_shift(z, off - o) & _rep((2**w - 1) << off))
         else:
             plain = min(w, top - off)  # exponent/mantissa bits of this plane
-            dest = off + 10 - fmt.mbits
+            dest = off + mant - fmt.mbits
             sign_at = 15 - (top - off) if off + w > top else dest  # where the field best sits
             z, o = _field(
                 word(p, bit // 32), w, bit % 32, min(dest, sign_at) if left else sign_at, cuda, left
@@ -98,9 +137,37 @@ def decode_pair(
     if fmt.kind == "float":
         return bits
     half = 2 ** (fmt.bits - 1)
-    biased = (bits ^ _rep(half)) | _rep(0x6400)  # 1024 + half + q in each fp16 lane
-    magic = tirx.Broadcast(tirx.const(1024.0 + half, "float16"), 2)
-    return tirx.reinterpret(U32, tirx.reinterpret("float16x2", biased) - magic)
+    if bf16 and fmt.bits == 8:  # 2**23 + u in each fp32, minus 2**23 + half: q, exact
+        u = bits ^ _rep(half)
+        q = [
+            tirx.reinterpret("float32", prmt(u, u32(0x4B000000), sel, cuda))
+            - tirx.const(2.0**23 + half, "float32")
+            for sel in (0x7650, 0x7652)
+        ]
+        return prmt(tirx.reinterpret(U32, q[0]), tirx.reinterpret(U32, q[1]), 0x7632, cuda)
+    one = 0x4300 if bf16 else 0x6400  # 2**mant: the magic number whose mantissa holds the code
+    biased = (bits ^ _rep(half)) | _rep(one)  # 2**mant + half + q in each lane
+    if bf16:
+        return biased
+    magic = tirx.Broadcast(tirx.const(2.0**mant + half, dtype), 2)
+    return tirx.reinterpret(U32, tirx.reinterpret(f"{dtype}x2", biased) - magic)
+
+
+def bf16_fma(fmt: Format, dtype: str) -> tuple[int, int] | None:
+    """(b, c): the bf16x2 words of the exact ``fma.rn.bf16x2 d, a, b, c`` (d = a b + c) that finishes
+    a :func:`decode_pair` ``a`` of ``fmt`` in ``dtype``; None when the pair needs none. Floats: times
+    ``2**112`` plus -0 (keeps -0); integers of ≤ 7 bits: times 1 minus the magic ``128 + 2**(bits-1)``."""
+    if dtype != "bfloat16" or fmt.specials == "ieee" or fmt.kind == "int" and fmt.bits == 8:
+        return None
+    if fmt.kind == "float":
+        return _bf16x2(2.0**112), _bf16x2(-0.0)
+    return _bf16x2(1.0), _bf16x2(-(2.0**7 + 2 ** (fmt.bits - 1)))
+
+
+def _bf16x2(x: float) -> int:
+    """``x`` (exact in bf16) in both bf16 halves of a word: the top half of its fp32 bits."""
+    top = struct.unpack("<I", struct.pack("<f", x))[0] >> 16
+    return top | top << 16
 
 
 def out_factor(fmt: Format) -> float:
@@ -108,6 +175,8 @@ def out_factor(fmt: Format) -> float:
     return 2.0 ** (-(fmt.bits - 2)) if fmt.kind == "int" else 2.0 ** (15 - fmt.bias)
 
 
-def supported(fmt: Format) -> bool:
-    """Whether every code of ``fmt`` decodes exactly into fp16 this way."""
-    return fmt.kind == "int" and fmt.bits <= 10 or fmt.kind == "float" and fmt.ebits <= 5 and fmt.mbits <= 10
+def supported(fmt: Format, dtype: str = "float16") -> bool:
+    """Whether every code of ``fmt`` decodes exactly into ``dtype`` pairs this way."""
+    if fmt.kind == "int":
+        return fmt.bits <= (10 if dtype == "float16" else 8)
+    return fmt.ebits <= 5 and fmt.mbits <= MANT[dtype]

@@ -1,4 +1,4 @@
-"""GPU rule ``mma``: tensor cores fed from registers for fp16 activations at small and mid M (buckets
+"""GPU rule ``mma``: tensor cores fed from registers for fp16 or bf16 activations at small and mid M (buckets
 1, 4, 16, 64). This module is the policy (when it applies, the hint space, the defaults, the cost
 model); the kernel and what its hints mean are :mod:`mxgemm.codegen.mma`.
 """
@@ -54,8 +54,8 @@ def space(
 
 
 class Mma(Rule):
-    """fp16 activations, a bucket of :data:`M_TILES`, a format whose codes are exact in fp16
-    (:func:`mxgemm.codegen.pairs.supported`), one scale per step (block ≥ 32) and a shape some hints
+    """fp16 or bf16 activations, a bucket of :data:`M_TILES`, a format whose codes are exact in that
+    dtype (:func:`mxgemm.codegen.pairs.supported`), one scale per step (block ≥ 32) and a shape some hints
     tile; programmatic dependent launch only on sm_90 and newer."""
 
     name = "mma"
@@ -63,8 +63,8 @@ class Mma(Rule):
 
     @staticmethod
     def _serves(spec: Any) -> bool:
-        fp16 = cuda_linear(spec, M_TILES, ("float16",))
-        return fp16 and spec.block_size >= STEP and pairs.supported(formats.get(spec.fmt))
+        ok = cuda_linear(spec, M_TILES) and spec.block_size >= STEP
+        return ok and pairs.supported(formats.get(spec.fmt), spec.a_dtype)
 
     def candidates(self, spec: Any) -> list[Hints]:
         pdl = targets.sm_version(spec.target["arch"]) >= 90  # griddepcontrol
@@ -113,7 +113,7 @@ class Mma(Rule):
 
         f = formats.get(spec.fmt)
         args = dict(n=spec.n, k=spec.k, m_tile=spec.m_bucket, out_dtype=spec.out_dtype, bias=spec.bias)
-        func = kernel(f, **args, block_size=spec.block_size, hints=h)
+        func = kernel(f, **args, block_size=spec.block_size, hints=h, a_dtype=spec.a_dtype)
         return Scheduled(self.name, tvm.IRModule({"main": func}), h)
 
 
