@@ -133,8 +133,9 @@ def kernel(
     a_dtype: str = "float16",
 ) -> tirx.PrimFunc:
     """The kernel as a PrimFunc with :func:`~mxgemm.codegen.prim_func.prim_func`'s arguments: A
-    ``a_dtype [m, k]`` (float16 or bfloat16; ``m`` static 1 for the bucket 1, else dynamic), the code planes ``uint8 [n,
-    k*w/8]``, S ``uint8 [n, k/block_size]``, Bias ``out_dtype [n]`` (if ``bias``), Y ``out_dtype [m, n]``."""
+    ``a_dtype [m, k]`` (float16 or bfloat16; ``m`` static 1 for the bucket 1, else dynamic), the code
+    planes ``uint8 [n, k*w/8]``, S ``uint8 [n, k/block_size]``, Bias ``out_dtype [n]`` (if ``bias``), Y
+    ``out_dtype [m, n]``."""
     # here, not at import: a GPU box with the TVM runtime alone runs prebuilt kernels and routes with
     # this module, and its TVM has no script builder
     from tvm.script.ir_builder import IRBuilder
