@@ -27,7 +27,11 @@ def _info(_: argparse.Namespace) -> int:
     rows += [
         ("torch", torch.__version__),
         ("torch CUDA", torch.version.cuda or "none (CPU build)"),
-        ("nvcc", system.nvcc_version() or "not found (CUDA kernels need nvcc; CPU kernels still work)"),
+        (
+            "nvcc",
+            system.nvcc_version()
+            or "not found (new CUDA kernels need it; cached ones and CPU kernels do not)",
+        ),
         ("GPUs", ", ".join(system.gpus()) or "none visible"),
         ("formats", ", ".join(formats.names())),
     ]

@@ -2,7 +2,7 @@
 
 A record is keyed by (fmt, n, k, m_bucket, a_dtype, block_size, arch) and holds the schedule rule and
 the config that won, its measured µs, the GPU, and the versions that built it (:func:`rule_versions`:
-mxgemm, TVM, nvcc, and a digest of the sources the rule's hints depend on, so editing one rule does not
+mxgemm, TVM, and a digest of the sources the rule's hints depend on, so editing one rule does not
 throw away the other rules' records). Lookups read
 the shipped log (``tune_logs/<arch>.json`` beside the package) and the user's log
 (``$MXGEMM_TUNE_LOG`` or ``<user data dir>/tune_logs/<arch>.json``); a record from other versions is
@@ -143,7 +143,7 @@ def _rule_digest(rule: str) -> str:
 
 def rule_versions(rule: str, versions: dict[str, str | None]) -> dict[str, str | None]:
     """The versions a record of ``rule`` must carry to be current: the build ``versions`` (mxgemm,
-    TVM, nvcc; its whole-codegen digest left out) plus the digest of the prim_func, the decode, the
+    TVM; its whole-codegen digest left out) plus the digest of the prim_func, the decode, the
     formats, the layout and the rule's own source."""
     return {**{k: v for k, v in versions.items() if k != "codegen"}, "rule": _rule_digest(rule)}
 

@@ -93,14 +93,37 @@ def test_build_bad_input():
         mxgemm.build("mxfp4", n=32, k=48)
 
 
-def test_cuda_build_without_nvcc_is_a_clear_error(monkeypatch):
+def test_cuda_build_without_nvcc_is_a_clear_error(monkeypatch, tmp_path):
     from mxgemm import system
 
+    monkeypatch.setenv("MXGEMM_CACHE_DIR", str(tmp_path))  # nothing cached
     system.nvcc_version.cache_clear()
     monkeypatch.setenv("PATH", "/nonexistent")
     try:
-        with pytest.raises(RuntimeError, match="CUDA kernels need nvcc"):
+        with pytest.raises(RuntimeError, match="not in the kernel cache and building it needs nvcc on PATH"):
             mxgemm.build("mxfp4", n=32, k=64, target="sm_90")
+    finally:
+        monkeypatch.undo()
+        system.nvcc_version.cache_clear()
+
+
+@pytest.mark.nvcc
+def test_cached_cuda_kernels_need_no_nvcc(monkeypatch, tmp_path):
+    """A GPU box without the CUDA toolkit runs the kernels of a cache built elsewhere: the same entry is
+    found with nvcc off PATH (its metadata names the nvcc that built it)."""
+    from mxgemm import system
+    from mxgemm.codegen import build
+
+    monkeypatch.setenv("MXGEMM_CACHE_DIR", str(tmp_path))
+    built = mxgemm.build("mxfp4", n=32, k=64, m_bucket=1, target="sm_90")
+    assert built.info["nvcc"] == system.nvcc_version() is not None
+    monkeypatch.setattr(build, "_loaded", {})  # forget the loaded kernel: look it up again
+    system.nvcc_version.cache_clear()
+    monkeypatch.setenv("PATH", "/nonexistent")
+    try:
+        assert system.nvcc_version() is None
+        again = mxgemm.build("mxfp4", n=32, k=64, m_bucket=1, target="sm_90")
+        assert again.path == built.path and again.source == built.source
     finally:
         monkeypatch.undo()
         system.nvcc_version.cache_clear()

@@ -74,10 +74,12 @@ def _codegen_digest() -> str:
 
 
 def versions(target: dict[str, Any]) -> dict[str, str | None]:
-    out = {"mxgemm": mxgemm.__version__, "codegen": _codegen_digest(), "tvm": _tvm_version()}
-    if targets.is_cuda(target):
-        out["nvcc"] = system.nvcc_version()
-    return out
+    """What a kernel of ``target`` depends on besides its spec: mxgemm, the codegen digest, TVM. Not
+    the nvcc that compiles it (its version is kept in the entry's metadata): another nvcc makes other
+    SASS of the same kernel, so kernels and tune records stay usable on a box with another toolkit,
+    or none (a GPU box that runs cached kernels)."""
+    del target
+    return {"mxgemm": mxgemm.__version__, "codegen": _codegen_digest(), "tvm": _tvm_version()}
 
 
 class Kernel:
@@ -134,6 +136,12 @@ class Kernel:
         )
 
 
+NO_NVCC = (
+    "this CUDA kernel is not in the kernel cache and building it needs nvcc on PATH (the CUDA toolkit); "
+    "cached kernels run without it, and CPU kernels never need it"
+)
+
+
 def _target_name(target: dict[str, Any]) -> str:
     return f"{target['kind']}:{target.get('arch') or target.get('mcpu')}"
 
@@ -145,14 +153,18 @@ def _compile(spec: KernelSpec, out: Path) -> dict[str, Any]:
     from mxgemm.codegen.nvcc import compile_module
 
     rule, mod, hints = schedule(spec)
+    extra = {}
     if targets.is_cuda(spec.target):
+        if system.nvcc_version() is None:
+            raise RuntimeError(NO_NVCC)
         ex = compile_module(mod, spec.target)
         source = ex.mod.imports[0].inspect_source("cuda")
+        extra["nvcc"] = system.nvcc_version()
     else:
         ex = tvm.compile(mod, target=spec.target)
         source = ex.mod.inspect_source("ll")
     ex.export_library(str(out))
-    return {"rule": rule, "hints": hints.to_dict() if hints is not None else {}, "source": source}
+    return {"rule": rule, "hints": hints.to_dict() if hints is not None else {}, "source": source, **extra}
 
 
 def schedule(spec: KernelSpec):
@@ -228,8 +240,6 @@ def build(
     if op == "decode" and (bias or o != a):
         raise ValueError("op='decode' writes W in a_dtype: it takes no bias and no other out_dtype")
     check_shape(n, k, bs)
-    if targets.is_cuda(tgt) and system.nvcc_version() is None:
-        raise RuntimeError("CUDA kernels need nvcc on PATH (the CUDA toolkit); CPU kernels work without it")
     rule, hints = _typed(hints, rule)
     if hints is None and op == "linear":
         rule, hints = tuned_hints(f.name, n, k, m_bucket, a, tgt, bs) or (None, None)
