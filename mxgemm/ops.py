@@ -2,7 +2,9 @@
 
 Registered as the torch custom op ``mxgemm::linear`` (with a fake implementation), so it traces under
 torch.compile without graph breaks. CPU tensors run the LLVM kernel; CUDA tensors run the CUDA kernel
-for the device's arch on the current torch stream.
+for the device's arch on the current torch stream. ``$MXGEMM_BACKEND=emulated`` runs no generated
+kernel at all: W is dequantized by the torch reference and multiplied by ``F.linear`` in fp32 (slow;
+for debugging, and for machines that can neither compile nor find a cached kernel).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ ACT_DTYPES = tuple(A_DTYPES.values())
 _DTYPE_NAMES = {v: k for k, v in A_DTYPES.items()}  # torch.float16 -> "float16"
 FP16_MAX = 65504.0
 DECODE_ABOVE = 4  # CUDA, more rows than this: decode W in 16 bits, then cuBLAS (see `plan`)
+BACKEND_ENV = "MXGEMM_BACKEND"
+BACKENDS = ("kernels", "emulated")  # the generated kernels (default); dequantize + F.linear
 
 
 def decode_chunk_rows(n: int, k: int) -> int:
@@ -188,9 +192,11 @@ def _forward(
     cuda = dev.type == "cuda"
     if x.dtype is torch.float16 and not (cuda and torch.cuda.is_current_stream_capturing()):
         _check_fp16_once(planes, scales, fmt, block_size, n, k)  # a host sync: never inside a CUDA graph
-    key = (m, dev, x.dtype, fmt, n, k, bias is not None, block_size)
+    key = (m, dev, x.dtype, fmt, n, k, bias is not None, block_size, os.environ.get(BACKEND_ENV))
     kernel = _routes[key] if key in _routes else _routes.setdefault(key, _route(*key))
-    if kernel is None:
+    if kernel is _EMULATED:
+        out = _emulated(x2, planes, scales, bias, fmt, block_size, n, k)
+    elif kernel is None:
         out = _decode_then_cublas(x2, planes, scales, bias, fmt, block_size, n, k)
     else:
         out = torch.empty(m, n, dtype=x.dtype, device=dev)
@@ -199,12 +205,24 @@ def _forward(
     return out if flat else out.reshape(*x.shape[:-1], n)
 
 
-_routes: dict[tuple, builder.Kernel | None] = {}  # (m, device, dtype, fmt, n, k, bias, block) -> kernel
+_routes: dict[tuple, object] = {}  # (m, device, dtype, fmt, n, k, bias, block, backend) -> kernel
+_EMULATED = object()  # the route of $MXGEMM_BACKEND=emulated
 
 
-def _route(m, device, dtype, fmt, n, k, bias, block_size) -> builder.Kernel | None:
-    """The fused kernel that serves ``m`` rows of this layer (:func:`plan`), or None for decode +
-    cuBLAS; memoized per call signature in ``_routes`` so a forward call does one dict lookup."""
+def backend(value: str | None) -> str:
+    """The backend ``$MXGEMM_BACKEND`` (``value``) selects: ``"kernels"`` when unset; ValueError naming
+    the choices for anything else."""
+    if value in (None, "", *BACKENDS):
+        return value or BACKENDS[0]
+    raise ValueError(f"${BACKEND_ENV} must be one of {', '.join(BACKENDS)}, got {value!r}")
+
+
+def _route(m, device, dtype, fmt, n, k, bias, block_size, backend_env=None) -> object:
+    """The fused kernel that serves ``m`` rows of this layer (:func:`plan`), None for decode + cuBLAS,
+    or :data:`_EMULATED`; memoized per call signature in ``_routes`` so a forward call does one dict
+    lookup."""
+    if backend(backend_env) == "emulated":
+        return _EMULATED
     arch = targets.arch_of(targets.for_device(device))
     op, m_bucket = plan(m, arch, fmt, n, k, _DTYPE_NAMES[dtype], block_size)
     return None if op == "decode" else _kernel(device, fmt, n, k, m_bucket, dtype, bias, block_size)
@@ -234,6 +252,17 @@ def _decode_then_cublas(x2, planes, scales, bias, fmt, block_size, n, k) -> torc
         else:
             torch.addmm(bias[r : r + rows, None], w, x2.T, out=out_t[r : r + rows])
     return out_t.T.contiguous()
+
+
+def _emulated(x2, planes, scales, bias, fmt, block_size, n, k) -> torch.Tensor:
+    """``x2 @ W.T (+ bias)`` without generated kernels: W dequantized in fp32 by the torch reference,
+    ``F.linear`` in fp32, one rounding to ``x2.dtype`` (the kernels' numerics, up to summation order)."""
+    from mxgemm.reference import dequantize
+
+    bits = formats.get(fmt).bits
+    q = MxWeight(layout.from_planes(planes, bits), scales, fmt, block_size, (n, k))
+    b = None if bias is None else bias.float()
+    return torch.nn.functional.linear(x2.float(), dequantize(q), b).to(x2.dtype)
 
 
 def _run(kernel: builder.Kernel, args: list[torch.Tensor]) -> None:

@@ -93,3 +93,28 @@ def test_gpu_eager_op_compiled_and_graph_give_the_same_bits(fmt, dtype):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(static_y, layer(x2))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp6_e2m3", "bfp5"])
+def test_emulated_backend_runs_no_generated_kernel(fmt, device, monkeypatch):
+    """``$MXGEMM_BACKEND=emulated``: no kernel is built or run; the result is the reference's
+    (fp32 dequantize, fp32 product, one rounding) bit for bit, on the eager path and the custom op;
+    any other value is one error naming the choices."""
+    layer = _layer(fmt).to(device)
+    x = torch.randn(5, K, dtype=torch.bfloat16, device=device)
+    w = mxgemm.dequantize(layer.weight)
+    want = torch.nn.functional.linear(x.float(), w, layer.bias.float()).to(torch.bfloat16)
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("a kernel was built")
+
+    monkeypatch.setenv(ops.BACKEND_ENV, "emulated")
+    monkeypatch.setattr(ops, "_kernel", no_build)
+    with torch.no_grad():
+        assert torch.equal(layer(x), want)
+        args = (x, layer.planes, layer.weight_scales, layer.bias, layer.fmt, layer.block_size, N, K)
+        assert torch.equal(torch.ops.mxgemm.linear(*args), want)
+        monkeypatch.setenv(ops.BACKEND_ENV, "fast")
+        with pytest.raises(ValueError, match=r"MXGEMM_BACKEND must be one of kernels, emulated, got 'fast'"):
+            layer(x)
