@@ -136,6 +136,22 @@ def _open(file: Path):
         raise CheckpointError(f"corrupt or unreadable safetensors file {file}: {e}") from e
 
 
+def _tied_elsewhere(state: dict[str, torch.Tensor], files: dict[str, Path]) -> set[str]:
+    """Names of ``state`` that the checkpoint does not hold but that share their tensor with one it
+    does (tied weights, e.g. ``lm_head.weight`` and the input embedding): loading that one loads them."""
+    groups: dict[tuple, list[str]] = {}
+    for name, t in state.items():
+        if t.numel():
+            groups.setdefault((t.device, t.data_ptr(), t.dtype, tuple(t.shape)), []).append(name)
+    return {
+        name
+        for names in groups.values()
+        if len(names) > 1 and any(n in files for n in names)
+        for name in names
+        if name not in files
+    }
+
+
 def load_quantized(model: nn.Module, path: str | Path, device: torch.device | str | None = None) -> nn.Module:
     """Load an mxgemm checkpoint into ``model`` (an unquantized instance of the same architecture).
 
@@ -165,7 +181,8 @@ def load_quantized(model: nn.Module, path: str | Path, device: torch.device | st
     if device is not None:
         model.to(device)
     state = model.state_dict()
-    missing = [k for k in state if k not in files]
+    tied = _tied_elsewhere(state, files)
+    missing = [k for k in state if k not in files and k not in tied]
     if missing:
         raise CheckpointError(
             f"{path}: checkpoint lacks tensor(s) {', '.join(missing[:10])}"
@@ -180,6 +197,8 @@ def load_quantized(model: nn.Module, path: str | Path, device: torch.device | st
     handles = {}
     with torch.no_grad():
         for name, target in state.items():
+            if name in tied:
+                continue
             file = files[name]
             if file not in handles:
                 handles[file] = _open(file)

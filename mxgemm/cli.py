@@ -42,9 +42,14 @@ def _info(_: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from mxgemm import demo
+    if args.minilm or args.model is not None:
+        from mxgemm import demo
 
-    demo.run(args.model)
+        demo.run(args.model)
+    else:
+        from mxgemm import demo_llm
+
+        demo_llm.run()
     return 0
 
 
@@ -225,9 +230,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d = sub.add_parser(
         "demo",
-        help="the main job: pack a real model (default all-MiniLM-L6-v2) per format, run it, compare to fp32",
+        help="the main job: pack SmolLM2-135M-Instruct per format, run it (perplexity, greedy answer, "
+        "tokens/s) next to fp32; --minilm: the sentence-encoder demo",
     )
-    d.add_argument("--model", type=Path, default=None, help="HF model dir (default: bundled MiniLM)")
+    d.add_argument(
+        "--minilm", action="store_true", help="the small encoder demo instead (all-MiniLM-L6-v2, embeddings)"
+    )
+    d.add_argument("--model", type=Path, default=None, help="HF encoder dir for --minilm (default: bundled)")
     d.set_defaults(func=_demo)
     k = sub.add_parser("pack", help="quantize a Hugging Face model directory's linear weights (safetensors)")
     k.add_argument(

