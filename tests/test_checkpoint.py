@@ -191,6 +191,45 @@ def test_a_shard_of_another_layout_version_is_refused(tmp_path):
     assert torch.equal(_out(load_quantized(_seq(), tmp_path)), _out(net))
 
 
+class _Tied(nn.Module):
+    """An embedding whose weight the output head shares (as a Hugging Face LM ties them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(16, 64)
+        self.proj = nn.Linear(64, 64)
+        self.lm_head = nn.Linear(64, 16, bias=False)
+        self.lm_head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.lm_head(self.proj(self.emb(ids)))
+
+
+def test_a_tied_weight_loads_from_its_one_copy(tmp_path):
+    """A checkpoint that holds a tied weight once (as transformers saves tied embeddings) loads: the
+    tie is kept and both names see the stored tensor; an untied tensor that is missing is still an
+    error that names it."""
+    torch.manual_seed(0)
+    net = _Tied()
+    quantize_(net, MxConfig("mxfp4"))
+    save_quantized(net, tmp_path, MxConfig("mxfp4"))
+    f = tmp_path / "model.safetensors"
+    with safe_open(str(f), framework="pt") as h:
+        meta = h.metadata()
+    tensors = load_file(str(f))
+    del tensors["lm_head.weight"]
+    save_file(tensors, str(f), metadata=meta)
+    got = load_quantized(_Tied(), tmp_path)
+    assert got.lm_head.weight is got.emb.weight and torch.equal(got.emb.weight, net.emb.weight)
+    ids = torch.arange(16)
+    with torch.no_grad():
+        assert torch.equal(got(ids), net(ids))
+    del tensors["emb.weight"]
+    save_file(tensors, str(f), metadata=meta)
+    with pytest.raises(CheckpointError, match=r"lacks tensor\(s\) emb.weight, lm_head.weight"):
+        load_quantized(_Tied(), tmp_path)
+
+
 # ---- fuzz ------------------------------------------------------------------------------------------
 
 _json = st.recursive(
