@@ -3,7 +3,8 @@
 A quantized Linear ``<m>`` is stored as ``<m>.weight_blocks`` / ``<m>.weight_scales`` (uint8, see
 :mod:`mxgemm.packing`); every other tensor as is. Loading reads tensors only through safetensors (no
 pickle), swaps the Linears that the checkpoint holds quantized for :class:`MxLinear`, and checks
-every tensor's presence, shape and dtype, naming the tensor and file on any mismatch.
+every tensor's presence, shape and dtype, naming the tensor and file on any mismatch. Checkpoints of
+compressed-tensors' MX formats load too, and can be written (:mod:`mxgemm.interop`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from mxgemm import shards, system
+from mxgemm import interop, shards, system
 from mxgemm.config import MxConfig
 from mxgemm.module import MxLinear, _set_submodule
 
@@ -31,6 +32,13 @@ class CheckpointError(ValueError):
 
 def read_config(path: str | Path) -> tuple[dict, MxConfig]:
     """(config.json as a dict, its MxConfig) of a quantized model directory."""
+    cfg, config, _ = read_quantization(path)
+    return cfg, config
+
+
+def read_quantization(path: str | Path) -> tuple[dict, MxConfig, interop.Naming]:
+    """(config.json as a dict, its MxConfig, how its tensors are named) of a quantized model directory:
+    mxgemm's, or compressed-tensors' MX formats."""
     cfg_path = _checked(Path(path) / "config.json")
     try:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
@@ -44,13 +52,19 @@ def read_config(path: str | Path) -> tuple[dict, MxConfig]:
     if not isinstance(qc, dict):
         raise CheckpointError(f"{cfg_path}: quantization_config is {qc!r}, expected a JSON object")
     try:
-        return cfg, MxConfig.from_dict(qc)
-    except (ValueError, TypeError, KeyError) as e:
+        if qc.get("quant_method") == interop.CT_METHOD:
+            return cfg, *interop.compressed_tensors(qc)
+        return cfg, MxConfig.from_dict(qc), interop.MXGEMM
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise CheckpointError(f"{cfg_path}: {e}") from e
 
 
-def save_quantized(model: nn.Module, path: str | Path, config: MxConfig) -> None:
+def save_quantized(model: nn.Module, path: str | Path, config: MxConfig, format: str = "mxgemm") -> None:  # noqa: A002
     """Write ``model`` (after :func:`mxgemm.quantize_`) as ``path/model.safetensors`` + config.json.
+
+    ``format="compressed-tensors"`` writes compressed-tensors' layout of the same bytes instead
+    (mxfp4, mxfp6_e2m3 and mxfp8_e4m3 with blocks of 32; :mod:`mxgemm.interop`), which vLLM and
+    compressed-tensors read; mxgemm reads it back too.
 
     config.json is the model's own (``model.config.to_dict()`` for Hugging Face models, if any) with
     ``quantization_config`` added; it is written last, so its presence marks a complete checkpoint.
@@ -59,22 +73,50 @@ def save_quantized(model: nn.Module, path: str | Path, config: MxConfig) -> None
     (say, the full-precision model) is refused with a :class:`CheckpointError` before anything is written.
     """
     path = Path(path)
+    if format not in ("mxgemm", interop.CT_METHOD):
+        raise ValueError(f"format must be 'mxgemm' or {interop.CT_METHOD!r}, got {format!r}")
+    qc = config.to_dict()
+    if format == interop.CT_METHOD:
+        plain = [n for n, m in model.named_modules() if type(m) is nn.Linear]
+        try:
+            qc, naming = interop.compressed_tensors_config(config, plain)
+        except interop.InteropError as e:
+            raise CheckpointError(f"cannot save {path} as {format}: {e}") from e
     if path.exists() and not path.is_dir():
         raise CheckpointError(f"cannot save into {path}: it exists and is not a directory")
     if path.exists() and (why := shards.foreign_checkpoint(path)) is not None:
         raise CheckpointError(f"cannot save into {path}: {why}; save into a new or empty directory")
     path.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if format == interop.CT_METHOD:
+        tensors = _renamed(tensors, model, naming, to_file=True)
     old = [n for n in shards.checkpoint_files(path) if n != "config.json"]  # an earlier mxgemm save's
     for name in sorted(old, key=lambda n: not n.endswith(".index.json")):  # the index first
         (path / name).unlink()
     shards.write(_unshare(tensors), path / SINGLE_FILE, shards.metadata(config))
     cfg = model.config.to_dict() if hasattr(getattr(model, "config", None), "to_dict") else {}
-    cfg["quantization_config"] = config.to_dict()
+    cfg["quantization_config"] = qc
     tmp = path / ".config.json.tmp"
     tmp.unlink(missing_ok=True)  # never write through a link planted under the temporary name
     tmp.write_text(json.dumps(cfg, indent=2, default=str))
     os.replace(tmp, path / "config.json")
+
+
+def _renamed(
+    tensors: dict[str, torch.Tensor], model: nn.Module, naming: interop.Naming, to_file: bool
+) -> dict[str, torch.Tensor]:
+    """``tensors`` (a state dict of ``model``) with each MxLinear's blocks and scales under
+    ``naming``'s names and the codes in its dtype (``to_file``), or back (not ``to_file``)."""
+    out = dict(tensors)
+    for name, mod in model.named_modules():
+        if isinstance(mod, MxLinear):
+            for ours, theirs in ((BLOCKS, naming.blocks), (SCALES, naming.scales)):
+                src, dst = (name + ours, name + theirs) if to_file else (name + theirs, name + ours)
+                if src in out:
+                    t = out.pop(src)
+                    as_codes = ours == BLOCKS and naming.codes_dtype != torch.uint8
+                    out[dst] = t.view(naming.codes_dtype if to_file else torch.uint8) if as_codes else t
+    return out
 
 
 def _unshare(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -136,6 +178,24 @@ def _open(file: Path):
         raise CheckpointError(f"corrupt or unreadable safetensors file {file}: {e}") from e
 
 
+def _foreign_tensor(t: torch.Tensor, name: str, file: Path, naming: interop.Naming) -> torch.Tensor:
+    """A foreign checkpoint's codes (of ``naming.codes_dtype``) as uint8 bytes, its scales as they are
+    (with a warning where they hold E8M0 code 255, which that writer decodes otherwise)."""
+    if name.endswith(naming.blocks):
+        if t.dtype != naming.codes_dtype:
+            raise CheckpointError(
+                f"tensor {name!r} in {file} is {t.dtype}, {naming.method} stores {naming.codes_dtype}"
+            )
+        return t.view(torch.uint8)
+    if t.dtype == torch.uint8 and (nan := int((t == 255).sum())):
+        warnings.warn(
+            f"tensor {name!r} in {file} holds E8M0 code 255 in {nan} block(s): mxgemm decodes it as NaN "
+            f"(OCP MX), {naming.method} as 2**128 (inf in bfloat16)",
+            stacklevel=3,
+        )
+    return t
+
+
 def _tied_elsewhere(state: dict[str, torch.Tensor], files: dict[str, Path]) -> set[str]:
     """Names of ``state`` that the checkpoint does not hold but that share their tensor with one it
     does (tied weights, e.g. ``lm_head.weight`` and the input embedding): loading that one loads them."""
@@ -160,10 +220,12 @@ def load_quantized(model: nn.Module, path: str | Path, device: torch.device | st
     """
     device = system.check_device(device)
     path = Path(path)
-    _, config = read_config(path)
+    _, config, naming = read_quantization(path)
     files = _tensor_files(path)
+    stored: dict[str, str] = {}  # our tensor name -> its name in a foreign checkpoint
     for name, mod in list(model.named_modules()):
-        if type(mod) is nn.Linear and name + BLOCKS in files:
+        quantized = name + naming.blocks in files and (not naming.foreign or name + naming.scales in files)
+        if type(mod) is nn.Linear and quantized:
             _set_submodule(
                 model,
                 name,
@@ -178,6 +240,11 @@ def load_quantized(model: nn.Module, path: str | Path, device: torch.device | st
                     rounding=config.rounding,
                 ),
             )
+            if naming.foreign:
+                for ours, theirs in ((BLOCKS, naming.blocks), (SCALES, naming.scales)):
+                    if name + theirs in files:
+                        files[name + ours] = files.pop(name + theirs)
+                        stored[name + ours] = name + theirs
     if device is not None:
         model.to(device)
     state = model.state_dict()
@@ -205,9 +272,13 @@ def load_quantized(model: nn.Module, path: str | Path, device: torch.device | st
                 if (why := shards.check_metadata(file, handles[file].metadata(), config)) is not None:
                     raise CheckpointError(why)
             try:
-                t = handles[file].get_tensor(name)
+                t = handles[file].get_tensor(stored.get(name, name))
             except (SafetensorError, OSError, RuntimeError, ValueError) as e:
-                raise CheckpointError(f"cannot read tensor {name!r} from {file}: {e}") from e
+                raise CheckpointError(
+                    f"cannot read tensor {stored.get(name, name)!r} from {file}: {e}"
+                ) from e
+            if name in stored:
+                t = _foreign_tensor(t, stored[name], file, naming)
             if tuple(t.shape) != tuple(target.shape):
                 raise CheckpointError(
                     f"tensor {name!r} in {file} has shape {list(t.shape)}, "
