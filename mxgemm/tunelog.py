@@ -192,13 +192,27 @@ def user_log(arch: str) -> Path:
     return Path(env) if env else Path(platformdirs.user_data_dir("mxgemm")) / "tune_logs" / f"{arch}.json"
 
 
+SHARED_ACROSS_DTYPES = ("mma",)  # rules whose hints shape the fp16 and bf16 kernels alike
+
+
 def lookup(key: tuple, versions: dict[str, str | None], paths: list[Path] | None = None) -> Record | None:
     """The fastest current record for ``key`` (see :data:`KEY_FIELDS`; current: its versions are
     :func:`rule_versions` of the build ``versions``), or None (then the rules' default hints apply).
-    The user log is read after the shipped one.
-    ``$MXGEMM_TUNED=0`` turns lookups off (to measure the defaults)."""
+    The user log is read after the shipped one. A bf16 key without a record takes the fp16 key's
+    record of a rule in :data:`SHARED_ACROSS_DTYPES` (the same kernel but for one exact op per decoded
+    pair: its tuned hints beat the defaults). ``$MXGEMM_TUNED=0`` turns lookups off (to measure the
+    defaults)."""
     if os.environ.get("MXGEMM_TUNED", "1") == "0":
         return None
+    found = _fastest(key, versions, paths)
+    at = KEY_FIELDS.index("a_dtype")
+    if found is None and key[at] == "bfloat16":
+        twin = _fastest((*key[:at], "float16", *key[at + 1 :]), versions, paths)
+        found = twin if twin is not None and twin.rule in SHARED_ACROSS_DTYPES else None
+    return found
+
+
+def _fastest(key: tuple, versions: dict[str, str | None], paths: list[Path] | None) -> Record | None:
     arch = key[KEY_FIELDS.index("arch")]
     found = None
     for p in paths if paths is not None else [shipped_log(arch), user_log(arch)]:

@@ -46,6 +46,20 @@ def test_lookup_skips_other_versions_and_prefers_the_fastest(tmp_path, caplog):
     assert tunelog.lookup(rec(1, n=1).key(), V1, [shipped, user]) is None  # missing: default hints
 
 
+def test_bf16_borrows_the_fp16_mma_record_and_nothing_else(tmp_path):
+    """A bf16 key with no record of its own takes the fp16 key's record when its rule is mma (the same
+    kernel but for one exact op per decoded pair); never a gemv record; its own record wins."""
+    import dataclasses
+
+    p = tmp_path / "sm_90.json"
+    tunelog.merge(p, [rec(20.0, rule="mma", nt=2), rec(9.0, n=8192, rows=2)], V1)
+    bf16 = dataclasses.replace(rec(1), a_dtype="bfloat16")
+    assert tunelog.lookup(bf16.key(), V1, [p]).config == {"nt": 2}
+    assert tunelog.lookup(dataclasses.replace(bf16, n=8192).key(), V1, [p]) is None  # gemv: not borrowed
+    tunelog.merge(p, [dataclasses.replace(rec(25.0, rule="mma", nt=4), a_dtype="bfloat16")], V1)
+    assert tunelog.lookup(bf16.key(), V1, [p]).config == {"nt": 4}
+
+
 def test_the_block_size_is_part_of_the_key(tmp_path):
     """A record tuned at block 64 is not used for block 32; a record written before the block size was
     in the key reads as its format's block size (what it was tuned at)."""
