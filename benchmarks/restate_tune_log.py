@@ -63,7 +63,7 @@ def restate(log: str, before: str, after: str) -> None:
         rec["block_size"] = tunelog.Record.from_dict(rec).block_size  # the key's, filled when absent
         a, b = Path(before) / f"{name}.tir", Path(after) / f"{name}.tir"
         if a.exists() and b.exists() and a.read_text() == b.read_text():
-            built = {**versions({"kind": "cuda", "arch": rec["arch"]}), "nvcc": rec["versions"].get("nvcc")}
+            built = versions({"kind": "cuda", "arch": rec["arch"]})
             rec["versions"] = tunelog.rule_versions(rec["rule"], built)
             same += 1
         else:

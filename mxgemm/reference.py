@@ -86,7 +86,9 @@ def quantize(
         w: float32/float16/bfloat16 tensor ``[..., K]``, any device; K a multiple of ``block_size``.
         fmt: format name or :class:`~mxgemm.formats.Format` (``mxgemm.formats.names()``).
         block_size: power of two in 8..256; default 32.
-        scale_mode: ``"floor"`` (OCP, default) or ``"rceil"``.
+        scale_mode: ``"floor"`` (OCP, default), ``"rceil"``, ``"even"``, ``"ceil"`` or ``"mse"``
+            (per block, the neighbour of floor's exponent with the least squared error;
+            :func:`mxgemm.scales.shared_exponents` gives each rule).
         rounding: one of ``even`` (default), ``away``, ``zero``, ``up``, ``down``, ``stochastic``.
         generator: random source for ``stochastic`` (on ``w``'s device).
 
@@ -121,6 +123,27 @@ def _chunk_rows(blocks: torch.Tensor) -> int:
     return max(1, _CPU_CHUNK // blocks.shape[1])
 
 
+def _scaled(x: torch.Tensor, exp: torch.Tensor) -> torch.Tensor:
+    """float64 blocks ``[nblocks, bs]`` times ``2**-exp`` (int32 ``[nblocks]``), exactly."""
+    return x * torch.ldexp(torch.ones_like(x[:, 0]), -exp.to(torch.float64)).unsqueeze(-1)
+
+
+def _least_squares_exponent(x: torch.Tensor, floor: torch.Tensor, f: formats.Format) -> torch.Tensor:
+    """Per block, of the exponents ``floor - 1``, ``floor`` and ``floor + 1`` (clamped), the one whose
+    round-to-nearest-even reconstruction has the least squared error (floor on ties)."""
+    best, best_err = floor, None
+    for d in (0, 1, -1):
+        e = (floor + d).clamp(scales.MIN_EXP, scales.MAX_EXP)
+        q = round_to_grid(_scaled(x, e), f, "even", None)
+        err = (torch.ldexp(q, e.to(torch.float64).unsqueeze(-1)) - x).square().sum(-1)
+        if best_err is None:
+            best_err = err
+        else:
+            better = err < best_err
+            best, best_err = torch.where(better, e, best), torch.where(better, err, best_err)
+    return best
+
+
 def _quantize_blocks(
     blocks: torch.Tensor, f: formats.Format, scale_mode: str, rounding: str, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,9 +151,11 @@ def _quantize_blocks(
     x = blocks.to(torch.float64)
     amax = x.abs().amax(-1)
     finite = torch.isfinite(amax)
+    x = torch.where(finite.unsqueeze(-1), x, 0.0)
     exp = scales.shared_exponents(torch.where(finite, amax, 0.0), f, scale_mode)
-    v = x * torch.ldexp(torch.ones_like(amax), -exp.to(torch.float64)).unsqueeze(-1)
-    q = round_to_grid(torch.where(finite.unsqueeze(-1), v, 0.0), f, rounding, generator)
+    if scale_mode == "mse":
+        exp = _least_squares_exponent(x, exp, f)
+    q = round_to_grid(_scaled(x, exp), f, rounding, generator)
     scale_codes = torch.where(finite, exp + scales.E8M0_BIAS, scales.E8M0_NAN).to(torch.uint8)
     return f.encode(q), scale_codes
 

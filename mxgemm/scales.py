@@ -33,17 +33,31 @@ def shared_exponents(amax: torch.Tensor, fmt: Format, scale_mode: str) -> torch.
         fmt: element format.
         scale_mode: ``"floor"``: ``floor(log2(amax)) - emax`` (OCP MX v1.0 §6.3, microxcaling);
             ``"rceil"``: ``ceil(log2(amax / max_normal))``, the smallest power of two that keeps
-            every element within max normal (NVIDIA), evaluated exactly.
+            every element within max normal (NVIDIA), evaluated exactly; ``"even"``: floor's rule on
+            amax first rounded (ties away) to the element's mantissa width, so a block whose maximum
+            would round up to the next binade takes the next scale (torchao EVEN, compressed-tensors);
+            ``"ceil"``: ``ceil(log2(amax)) - emax`` (torchao CEIL). ``"mse"`` starts from floor (the
+            choice among neighbours is :func:`mxgemm.reference.quantize`'s, which sees the data).
     """
     mant, e2 = torch.frexp(amax)  # amax = mant * 2**e2, mant in [0.5, 1)
-    if scale_mode == "floor":
+    if scale_mode in ("floor", "mse"):
         exp = e2 - 1 - fmt.emax
+    elif scale_mode == "even":  # mantissa 2 mant in [1, 2) rounds up to 2 at 2 - 2**-(width + 1)
+        exp = e2 - 1 - fmt.emax + (mant >= 1 - 2.0 ** -(_mantissa_width(fmt) + 2)).to(e2.dtype)
+    elif scale_mode == "ceil":
+        exp = e2 - 1 - fmt.emax + (mant > 0.5).to(e2.dtype)
     else:
         # smallest s with amax <= max_normal * 2**s; both sides exact in float64.
         mmax, emx = torch.frexp(torch.tensor(fmt.max_normal, dtype=torch.float64))
         exp = e2 - int(emx) + (mant > mmax).to(e2.dtype)
     exp = torch.where(amax == 0, torch.full_like(exp, MIN_EXP), exp)
     return exp.clamp(MIN_EXP, MAX_EXP).to(torch.int32)
+
+
+def _mantissa_width(fmt: Format) -> int:
+    """Fraction bits of the element grid's top binade: a float's mantissa bits; an integer's
+    ``bits - 2`` (its values are ``q * 2**-(bits-2)``, below 2)."""
+    return fmt.mbits if fmt.kind == "float" else fmt.bits - 2
 
 
 def scale_factors(codes: torch.Tensor) -> torch.Tensor:

@@ -5,14 +5,17 @@ from ml_dtypes (float formats: every code viewed as the ml_dtypes type) or from 
 ``q * 2**-(M-2)``, ``|q| <= 2**(M-1) - 1`` (int formats); the E8M0 scale decodes through
 ``ml_dtypes.float8_e8m0fnu``.
 
-Semantics (OCP MX v1.0, microxcaling): per block of ``block_size`` elements
-along the last axis, ``amax = max |x|``; shared exponent ``floor``: ``floor(log2 amax) - emax``,
-``rceil``: the smallest ``s`` with ``amax <= max_normal * 2**s``; clamped to [-127, 127]; an all-zero
-block gets -127; a block holding NaN or ±Inf gets scale code 255 and dequantizes to NaN. Elements
-``x / 2**s`` are rounded to the element grid (subnormals kept) and saturated to ±max normal; float
-formats keep the sign of zero, int formats have one zero. Dequantized values are exact products in
-float64 cast to float32, so a product above float32's range is ±inf (``rceil`` rounds e.g. mxfp4
-``3e38`` to ``4 * 2**126``).
+Semantics (OCP MX v1.0, microxcaling): per block of ``block_size`` elements along the last axis, ``amax
+= max |x|``; shared exponent ``floor``: ``floor(log2 amax) - emax``, ``rceil``: the smallest ``s`` with
+``amax <= max_normal * 2**s``; ``even`` (torchao EVEN): floor's rule after ``amax``'s float32 bits get
+half an element ulp added and their mantissa cleared (for a normal float32 ``amax``; the same rounding
+in exact arithmetic below); ``ceil``: ``ceil(log2 amax) - emax``; ``mse``: of floor's ``s`` and ``s ±
+1``, the one whose round-to-nearest-even reconstruction has the least squared error (floor on ties, then
+``s + 1``); clamped to [-127, 127]; an all-zero block gets -127; a block holding NaN or ±Inf gets scale
+code 255 and dequantizes to NaN. Elements ``x / 2**s`` are rounded to the element grid (subnormals kept)
+and saturated to ±max normal; float formats keep the sign of zero, int formats have one zero.
+Dequantized values are exact products in float64 cast to float32, so a product above float32's range is
+±inf (``rceil`` rounds e.g. mxfp4 ``3e38`` to ``4 * 2**126``).
 
 Rounding ``even`` goes through ml_dtypes' own conversion (float formats) or ``np.round`` (int
 formats); every mode can also go through the table of representable magnitudes and its two
@@ -22,6 +25,7 @@ neighbours of each value (``method="table"``), which is how the other modes are 
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -30,7 +34,7 @@ import numpy as np
 E8M0_NAN = 255
 MIN_EXP, MAX_EXP = -127, 127
 ROUNDINGS = ("even", "away", "zero", "up", "down")
-SCALE_MODES = ("floor", "rceil")
+SCALE_MODES = ("floor", "rceil", "even", "ceil", "mse")
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,11 @@ class Spec:
     @property
     def max_normal(self) -> float:
         return float(self.grid[-1])
+
+    @property
+    def fraction_bits(self) -> int:
+        """Bits after the point in the top binade: ml_dtypes' mantissa bits, or an int's ``bits - 2``."""
+        return ml_dtypes.finfo(self.dtype).nmant if self.dtype is not None else self.bits - 2
 
     @property
     def ulp_int(self) -> float:
@@ -107,6 +116,16 @@ def shared_exponent(amax: float, spec: Spec, scale_mode: str) -> int | None:
     _, e = math.frexp(amax)  # amax = m * 2**e, m in [0.5, 1): floor(log2 amax) = e - 1
     if scale_mode == "floor":
         s = e - 1 - spec.emax
+    elif scale_mode == "even" and amax >= 2.0**-126:  # torchao's rule, on (normal) float32 bits
+        bits = struct.unpack("<I", struct.pack("<f", amax))[0]
+        bits = (bits + (1 << (23 - spec.fraction_bits - 1))) & 0x7F800000
+        s = (bits >> 23) - 127 - spec.emax
+    elif scale_mode == "even":  # the same rule in exact arithmetic (the bits of a float32 subnormal
+        m, _ = math.frexp(amax)  # have no implicit one: torchao's addition is off there)
+        s = e - 1 - spec.emax + (2 * m >= 2 - 2.0 ** -(spec.fraction_bits + 1))
+    elif scale_mode == "ceil":
+        m, _ = math.frexp(amax)
+        s = e - 1 - spec.emax + (m != 0.5)
     elif scale_mode == "rceil":
         # amax / max_normal lies in (2**(e - em - 1), 2**(e - em + 1)): start below and step up,
         # comparing exactly (amax * 2**-s is near max_normal: ldexp neither overflows nor rounds).
@@ -229,8 +248,25 @@ def block_exponents(x: np.ndarray, spec: Spec, block_size: int, scale_mode: str)
     """Per-block shared exponents ``[..., K / block_size]`` as float64 (NaN for NaN/Inf blocks)."""
     blocks = np.asarray(x, dtype=np.float64).reshape(*x.shape[:-1], -1, block_size)
     amax = np.max(np.abs(blocks), axis=-1)  # NaN propagates
-    exps = [shared_exponent(float(a), spec, scale_mode) for a in amax.ravel()]
+    rule = "floor" if scale_mode == "mse" else scale_mode
+    exps = [shared_exponent(float(a), spec, rule) for a in amax.ravel()]
+    if scale_mode == "mse":
+        rows = blocks.reshape(-1, block_size)
+        exps = [e if e is None else _least_error(b, e, spec) for b, e in zip(rows, exps, strict=True)]
     return np.array([math.nan if e is None else e for e in exps], dtype=np.float64).reshape(amax.shape)
+
+
+def _least_error(block: np.ndarray, floor: int, spec: Spec) -> int:
+    """Of ``floor``, ``floor + 1``, ``floor - 1`` (clamped, in that order of preference), the exponent
+    whose round-to-nearest-even reconstruction of ``block`` has the least squared error."""
+    best, best_err = floor, math.inf
+    for d in (0, 1, -1):
+        s = min(max(floor + d, MIN_EXP), MAX_EXP)
+        values, _ = round_elements(np.ldexp(block, -s), spec, "even", "table")
+        err = float(np.sum((np.ldexp(values, s) - block) ** 2))
+        if err < best_err:
+            best, best_err = s, err
+    return best
 
 
 def quantize(

@@ -432,5 +432,5 @@ def test_cache_key_covers_versions_and_target():
     key = a.key()
     assert key["versions"]["mxgemm"] == mxgemm.__version__ and "tvm" in key["versions"]
     b = KernelSpec("mxfp4", 32, 64, 1, "float16", "float16", False, 32, targets.resolve("sm_90"))
-    assert b.key()["versions"]["nvcc"] is not None or not __import__("shutil").which("nvcc")
+    assert "nvcc" not in b.key()["versions"]  # another nvcc makes the same kernel: cached ones run without
     assert cache.key_of(key) != cache.key_of(b.key())
