@@ -89,7 +89,7 @@ def save_quantized(model: nn.Module, path: str | Path, config: MxConfig, format:
     path.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     if format == interop.CT_METHOD:
-        tensors = _renamed(tensors, model, naming, to_file=True)
+        tensors = _renamed(tensors, model, naming)
     old = [n for n in shards.checkpoint_files(path) if n != "config.json"]  # an earlier mxgemm save's
     for name in sorted(old, key=lambda n: not n.endswith(".index.json")):  # the index first
         (path / name).unlink()
@@ -103,19 +103,17 @@ def save_quantized(model: nn.Module, path: str | Path, config: MxConfig, format:
 
 
 def _renamed(
-    tensors: dict[str, torch.Tensor], model: nn.Module, naming: interop.Naming, to_file: bool
+    tensors: dict[str, torch.Tensor], model: nn.Module, naming: interop.Naming
 ) -> dict[str, torch.Tensor]:
     """``tensors`` (a state dict of ``model``) with each MxLinear's blocks and scales under
-    ``naming``'s names and the codes in its dtype (``to_file``), or back (not ``to_file``)."""
+    ``naming``'s names, the codes viewed as its codes dtype."""
     out = dict(tensors)
     for name, mod in model.named_modules():
         if isinstance(mod, MxLinear):
             for ours, theirs in ((BLOCKS, naming.blocks), (SCALES, naming.scales)):
-                src, dst = (name + ours, name + theirs) if to_file else (name + theirs, name + ours)
-                if src in out:
-                    t = out.pop(src)
-                    as_codes = ours == BLOCKS and naming.codes_dtype != torch.uint8
-                    out[dst] = t.view(naming.codes_dtype if to_file else torch.uint8) if as_codes else t
+                if name + ours in out:
+                    t = out.pop(name + ours)
+                    out[name + theirs] = t.view(naming.codes_dtype) if ours == BLOCKS else t
     return out
 
 
