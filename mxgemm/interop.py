@@ -13,6 +13,7 @@ warning naming the tensor.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,8 +76,6 @@ def compressed_tensors(qc: dict[str, Any], a_dtype: str = "bfloat16") -> tuple[M
                 f"compressed-tensors group {name!r}: weights {got} are not {fmt_name} ({want})"
             )
         if g.get("input_activations") or g.get("output_activations"):
-            import warnings
-
             warnings.warn(
                 f"compressed-tensors group {name!r} quantizes activations too: mxgemm runs its weights "
                 f"with {a_dtype} activations",
