@@ -71,7 +71,7 @@ def _pack(args: argparse.Namespace) -> int:
         print(f"mxgemm pack: error: {e}", file=sys.stderr)
         return 2
     try:
-        report = pack(args.model_dir, args.output, config)
+        report = pack(args.model_dir, args.output, config, output_format=args.output_format)
     except (PackError, OSError) as e:
         print(f"mxgemm pack: error: {e}", file=sys.stderr)
         return 2
@@ -263,6 +263,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     k.add_argument(
         "-o", "--output", type=Path, required=True, metavar="OUT_DIR", help="new or empty output directory"
+    )
+    k.add_argument(
+        "--output-format",
+        default="mxgemm",
+        choices=("mxgemm", "compressed-tensors"),
+        help="mxgemm's checkpoint, or compressed-tensors' (vLLM; mxfp4, mxfp6_e2m3, mxfp8_e4m3, block 32)",
     )
     k.set_defaults(func=_pack)
     b = sub.add_parser("bench", help="time mxgemm kernels vs cuBLAS and the emulated path on a GPU")

@@ -11,13 +11,14 @@ is false. It becomes the uint8 tensors ``<module>.weight_blocks`` and ``<module>
 copied unchanged.
 
 Output: one shard per input shard (same file names, safetensors metadata :func:`mxgemm.shards.metadata`;
-byte-reproducible),
-``model.safetensors.index.json``, every other file and folder of the source, and ``config.json`` with
-``quantization_config`` (:meth:`MxConfig.to_dict`). Shards are read tensor by tensor and written to a
-temporary file, then renamed into place. A manifest (:data:`MANIFEST`) records the configuration and
-each finished shard's source size and mtime, so an interrupted run resumes where it stopped. The index
-and config.json are written last, then the manifest is removed: a directory whose config.json holds an
-mxgemm ``quantization_config`` is complete. The source directory is only read.
+byte-reproducible), ``model.safetensors.index.json``, every other file and folder of the source, and
+``config.json`` with ``quantization_config`` (:meth:`MxConfig.to_dict`). ``output_format="compressed-
+tensors"`` names and types the same bytes as compressed-tensors does, with its ``quantization_config``
+(:mod:`mxgemm.interop`; mxfp4, mxfp6_e2m3, mxfp8_e4m3, blocks of 32). Shards are read tensor by tensor
+and written to a temporary file, then renamed into place. A manifest (:data:`MANIFEST`) records the
+configuration and each finished shard's source size and mtime, so an interrupted run resumes where it
+stopped. The index and config.json are written last, then the manifest is removed: a directory whose
+config.json holds an mxgemm ``quantization_config`` is complete. The source directory is only read.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
-from mxgemm import shards
+from mxgemm import interop, shards
 from mxgemm.config import QUANT_METHOD, MxConfig
 from mxgemm.metrics import sqnr_db
 from mxgemm.reference import dequantize, quantize
@@ -144,7 +145,12 @@ class _Source:
 
 
 def pack(
-    src_dir: str | os.PathLike, out_dir: str | os.PathLike, config: MxConfig, *, progress: bool = True
+    src_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    config: MxConfig,
+    *,
+    progress: bool = True,
+    output_format: str = "mxgemm",
 ) -> PackReport:
     """Quantize the model in ``src_dir`` into ``out_dir`` (module docstring: what, where, resume).
 
@@ -154,6 +160,7 @@ def pack(
             (resumed; a symbolic link in it is refused); not ``src_dir`` nor inside it.
         config: format, block size, scale mode, rounding, ``modules_to_not_convert``.
         progress: show a tqdm bar over tensors on stderr.
+        output_format: ``"mxgemm"``, or ``"compressed-tensors"`` (what vLLM and compressed-tensors read).
 
     Returns:
         :class:`PackReport`. Warns (``UserWarning``) listing the layers left in full precision because
@@ -165,14 +172,15 @@ def pack(
             anything is written.
     """
     t0 = time.perf_counter()
+    naming = _naming(config, output_format)
     src, out = Path(src_dir).resolve(), Path(out_dir).resolve()
     if not src.is_dir():
         raise PackError(f"model directory {src} does not exist or is not a directory")
     if out == src or out.is_relative_to(src):
         raise PackError(f"output directory {out} is the model directory {src} or inside it: pick another one")
     source = _read_source(src)
-    unaligned = _check_names(source, config)
-    manifest = _prepare_output(out, config)
+    unaligned = _check_names(source, config, naming)
+    manifest = _prepare_output(out, config, output_format)
     if unaligned:
         warnings.warn(
             f"{len(unaligned)} layer(s) left in full precision: in_features is not a multiple of "
@@ -202,14 +210,18 @@ def pack(
                 bar.update(len(tensors))
             else:
                 bar.set_postfix_str(shard)
-                rows = _pack_shard(src / shard, out / shard, tensors, config, bar)
+                rows = _pack_shard(src / shard, out / shard, tensors, config, bar, naming)
                 manifest["shards"][shard] = {"source": stamp, "layers": [asdict(r) for r in rows]}
                 _write_json(out / MANIFEST, manifest)
             layers += rows
 
     _copy_others(source, out)
     output_bytes = _write_index(out, list(source.shards))
-    _write_json(out / CONFIG, {**source.config, "quantization_config": config.to_dict()})
+    qc = config.to_dict()
+    if naming.foreign:
+        ignore = {*config.modules_to_not_convert, *_unconverted(source, config)}
+        qc = interop.compressed_tensors_config(config, sorted(ignore))[0]
+    _write_json(out / CONFIG, {**source.config, "quantization_config": qc})
     (out / MANIFEST).unlink()
     return PackReport(
         out_dir=out,
@@ -339,14 +351,15 @@ def _read_source(src: Path) -> _Source:
     return _Source(src, cfg, tensors, copied, replaced)
 
 
-def _check_names(source: _Source, config: MxConfig) -> list[str]:
+def _check_names(source: _Source, config: MxConfig, naming: interop.Naming = interop.MXGEMM) -> list[str]:
     """The unaligned linear layers; raises if an output name would collide with a source tensor."""
     every = {t for tensors in source.shards.values() for t in tensors}
     unaligned = []
     for shard, tensors in source.shards.items():
         for name, info in tensors.items():
             if _quantizes(name, info, config):
-                clash = {f"{name}_blocks", f"{name}_scales"} & every
+                module = name.removesuffix(".weight")
+                clash = ({module + naming.blocks, module + naming.scales} - {name}) & every
                 if clash:
                     raise PackError(
                         f"{source.dir / shard}: tensor {name} would be packed to {min(clash)}, which the "
@@ -357,10 +370,12 @@ def _check_names(source: _Source, config: MxConfig) -> list[str]:
     return unaligned
 
 
-def _prepare_output(out: Path, config: MxConfig) -> dict[str, Any]:
+def _prepare_output(out: Path, config: MxConfig, output_format: str = QUANT_METHOD) -> dict[str, Any]:
     """Check ``out`` and return the manifest to continue: a new one, or an interrupted run's."""
     manifest_path = out / MANIFEST
     want = config.to_dict()
+    if output_format != QUANT_METHOD:
+        want["output_format"] = output_format
     if out.exists() and not out.is_dir():
         raise PackError(f"output {out} exists and is not a directory")
     if manifest_path.exists():
@@ -402,8 +417,39 @@ def _prepare_output(out: Path, config: MxConfig) -> dict[str, Any]:
     return manifest
 
 
+def _naming(config: MxConfig, output_format: str) -> interop.Naming:
+    """How the packed tensors are named: mxgemm's, or compressed-tensors' (PackError if it cannot
+    hold ``config``)."""
+    if output_format == QUANT_METHOD:
+        return interop.MXGEMM
+    if output_format != interop.CT_METHOD:
+        raise PackError(
+            f"output_format must be {QUANT_METHOD!r} or {interop.CT_METHOD!r}, got {output_format!r}"
+        )
+    try:
+        return interop.compressed_tensors_config(config, [])[1]
+    except interop.InteropError as e:
+        raise PackError(f"cannot pack as {output_format}: {e}") from e
+
+
+def _unconverted(source: _Source, config: MxConfig) -> list[str]:
+    """Linear-like modules (2-D float ``.weight``, not an embedding) that stay in full precision."""
+    anything = MxConfig(config.fmt, block_size=config.block_size, modules_to_not_convert=[])
+    return [
+        module
+        for tensors in source.shards.values()
+        for name, info in tensors.items()
+        if (module := linear_module(name, info, anything)) is not None and not _quantizes(name, info, config)
+    ]
+
+
 def _pack_shard(
-    src: Path, dst: Path, tensors: dict[str, TensorInfo], config: MxConfig, bar: tqdm
+    src: Path,
+    dst: Path,
+    tensors: dict[str, TensorInfo],
+    config: MxConfig,
+    bar: tqdm,
+    naming: interop.Naming = interop.MXGEMM,
 ) -> list[LayerRow]:
     """Quantize/copy one shard tensor by tensor into ``dst`` (written whole, then renamed into place)."""
     out: dict[str, torch.Tensor] = {}
@@ -420,8 +466,9 @@ def _pack_shard(
                     rounding=config.rounding,
                     generator=config.generator(name),
                 )
-                out[f"{name}_blocks"], out[f"{name}_scales"] = q.blocks, q.scales
                 module = linear_module(name, info, config)
+                out[module + naming.blocks] = q.blocks.view(naming.codes_dtype)
+                out[module + naming.scales] = q.scales
                 rows.append(LayerRow(module, info.shape, q.bits_per_weight, sqnr_db(w, dequantize(q))))
             else:
                 out[name] = w

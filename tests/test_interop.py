@@ -139,3 +139,33 @@ def test_foreign_scale_code_255_warns_and_other_formats_are_refused(tmp_path):
     with pytest.raises(ValueError, match="format must be 'mxgemm' or 'compressed-tensors'"):
         save_quantized(model, tmp_path / "x", MxConfig("mxfp4"), format="gguf")
     assert not (tmp_path / "x").exists() and isinstance(nn.Linear(2, 2), nn.Module)
+
+
+@pytest.mark.parametrize("fmt", list(CT))
+def test_pack_writes_compressed_tensors(fmt, tmp_path):
+    """`mxgemm pack --output-format compressed-tensors`: transformers (with compressed-tensors)
+    decompresses every packed Linear to exactly what mxgemm's own pack holds, lm_head stays in the
+    ignore list, and mxgemm loads the result to the same logits as its own format."""
+    from mxgemm import cli
+
+    src = tmp_path / "src"
+    _tiny_llama().save_pretrained(str(src))
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    for out, form in ((ours, "mxgemm"), (theirs, "compressed-tensors")):
+        assert cli.main(["pack", str(src), "--format", fmt, "-o", str(out), "--output-format", form]) == 0
+    qc = json.loads((theirs / "config.json").read_text())["quantization_config"]
+    assert qc["quant_method"] == "compressed-tensors" and "lm_head" in qc["ignore"]
+    packed = mxgemm.from_pretrained(ours, auto_class="AutoModelForCausalLM")
+    decompress = transformers.CompressedTensorsConfig(run_compressed=False)
+    dense = transformers.AutoModelForCausalLM.from_pretrained(
+        str(theirs), dtype=torch.float32, quantization_config=decompress
+    )
+    for name, w in _weights(packed).items():
+        assert torch.equal(dense.get_submodule(name).weight.float(), w), name
+    back = mxgemm.from_pretrained(theirs, auto_class="AutoModelForCausalLM")
+    ids = torch.arange(12)[None]
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, packed(ids).logits)
+    assert cli.main(["pack", str(src), "--format", "bfp8", "-o", str(tmp_path / "x"),
+                     "--output-format", "compressed-tensors"]) == 2  # fmt: skip
+    assert not (tmp_path / "x").exists()
