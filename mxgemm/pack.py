@@ -12,13 +12,14 @@ copied unchanged.
 
 Output: one shard per input shard (same file names, safetensors metadata :func:`mxgemm.shards.metadata`;
 byte-reproducible), ``model.safetensors.index.json``, every other file and folder of the source, and
-``config.json`` with ``quantization_config`` (:meth:`MxConfig.to_dict`). ``output_format="compressed-
-tensors"`` names and types the same bytes as compressed-tensors does, with its ``quantization_config``
-(:mod:`mxgemm.interop`; mxfp4, mxfp6_e2m3, mxfp8_e4m3, blocks of 32). Shards are read tensor by tensor
-and written to a temporary file, then renamed into place. A manifest (:data:`MANIFEST`) records the
-configuration and each finished shard's source size and mtime, so an interrupted run resumes where it
-stopped. The index and config.json are written last, then the manifest is removed: a directory whose
-config.json holds an mxgemm ``quantization_config`` is complete. The source directory is only read.
+``config.json`` with ``quantization_config`` (:meth:`MxConfig.to_dict`).
+``output_format="compressed-tensors"`` names and types the same bytes as compressed-tensors does, with
+its ``quantization_config`` (:mod:`mxgemm.interop`; mxfp4, mxfp6_e2m3, mxfp8_e4m3, blocks of 32). Shards
+are read tensor by tensor and written to a temporary file, then renamed into place. A manifest
+(:data:`MANIFEST`) records the configuration and each finished shard's source size and mtime, so an
+interrupted run resumes where it stopped. The index and config.json are written last, then the manifest
+is removed: a directory whose config.json holds an mxgemm ``quantization_config`` is complete. The
+source directory is only read.
 """
 
 from __future__ import annotations
