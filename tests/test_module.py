@@ -39,7 +39,7 @@ def test_config_defaults_and_validation():
     for kwargs, match in [
         (dict(fmt="fp4"), "unknown format"),
         (dict(block_size=24), "block_size"),
-        (dict(scale_mode="ceil"), "scale_mode"),
+        (dict(scale_mode="round"), "scale_mode"),
         (dict(rounding="nearest"), "rounding"),
         (dict(a_dtype="float32"), "a_dtype"),
         (dict(modules_to_not_convert="lm_head"), "list of names"),
