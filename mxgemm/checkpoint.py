@@ -110,10 +110,10 @@ def _renamed(
     out = dict(tensors)
     for name, mod in model.named_modules():
         if isinstance(mod, MxLinear):
-            for ours, theirs in ((BLOCKS, naming.blocks), (SCALES, naming.scales)):
-                if name + ours in out:
-                    t = out.pop(name + ours)
-                    out[name + theirs] = t.view(naming.codes_dtype) if ours == BLOCKS else t
+            for ours, theirs in naming.renames(name):
+                if ours in out:
+                    t = out.pop(ours)
+                    out[theirs] = t.view(naming.codes_dtype) if ours.endswith(BLOCKS) else t
     return out
 
 
@@ -222,7 +222,8 @@ def load_quantized(model: nn.Module, path: str | Path, device: torch.device | st
     files = _tensor_files(path)
     stored: dict[str, str] = {}  # our tensor name -> its name in a foreign checkpoint
     for name, mod in list(model.named_modules()):
-        quantized = name + naming.blocks in files and (not naming.foreign or name + naming.scales in files)
+        codes, scales = naming.names(name)
+        quantized = codes in files and (not naming.foreign or scales in files)
         if type(mod) is nn.Linear and quantized:
             _set_submodule(
                 model,
@@ -239,10 +240,10 @@ def load_quantized(model: nn.Module, path: str | Path, device: torch.device | st
                 ),
             )
             if naming.foreign:
-                for ours, theirs in ((BLOCKS, naming.blocks), (SCALES, naming.scales)):
-                    if name + theirs in files:
-                        files[name + ours] = files.pop(name + theirs)
-                        stored[name + ours] = name + theirs
+                for ours, theirs in naming.renames(name):
+                    if theirs in files:
+                        files[ours] = files.pop(theirs)
+                        stored[ours] = theirs
     if device is not None:
         model.to(device)
     state = model.state_dict()

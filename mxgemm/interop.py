@@ -45,6 +45,14 @@ class Naming:
     def foreign(self) -> bool:
         return self.method != QUANT_METHOD
 
+    def names(self, module: str) -> tuple[str, str]:
+        """(codes, scales) tensor names of the quantized Linear ``module``."""
+        return module + self.blocks, module + self.scales
+
+    def renames(self, module: str) -> list[tuple[str, str]]:
+        """[(mxgemm's name, this checkpoint's name)] of ``module``'s codes, then its scales."""
+        return list(zip(MXGEMM.names(module), self.names(module), strict=True))
+
 
 MXGEMM = Naming(".weight_blocks", ".weight_scales")
 

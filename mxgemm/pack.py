@@ -360,7 +360,7 @@ def _check_names(source: _Source, config: MxConfig, naming: interop.Naming = int
         for name, info in tensors.items():
             if _quantizes(name, info, config):
                 module = name.removesuffix(".weight")
-                clash = ({module + naming.blocks, module + naming.scales} - {name}) & every
+                clash = (set(naming.names(module)) - {name}) & every
                 if clash:
                     raise PackError(
                         f"{source.dir / shard}: tensor {name} would be packed to {min(clash)}, which the "
@@ -468,8 +468,8 @@ def _pack_shard(
                     generator=config.generator(name),
                 )
                 module = linear_module(name, info, config)
-                out[module + naming.blocks] = q.blocks.view(naming.codes_dtype)
-                out[module + naming.scales] = q.scales
+                codes, scales = naming.names(module)
+                out[codes], out[scales] = q.blocks.view(naming.codes_dtype), q.scales
                 rows.append(LayerRow(module, info.shape, q.bits_per_weight, sqnr_db(w, dequantize(q))))
             else:
                 out[name] = w
