@@ -91,6 +91,8 @@ def _bench(args: argparse.Namespace) -> int:
 
     if args.stack:
         return _bench_stack(args)
+    if args.device == "cpu":
+        return _bench_cpu(args)
     shapes = tuple(_ints(s) for s in args.shapes) if args.shapes else bench.SHAPES
     fmts = tuple(args.formats.split(",")) if args.formats else bench.FORMATS
     ms = _ints(args.m) if args.m else bench.MS
@@ -112,6 +114,18 @@ def _bench(args: argparse.Namespace) -> int:
         args.out,
         emulated=not args.no_emulated,
         compare_default=args.compare_default,
+    )
+    return 0
+
+
+def _bench_cpu(args: argparse.Namespace) -> int:
+    from mxgemm import bench_cpu
+
+    bench_cpu.run(
+        tuple(_ints(s) for s in args.shapes) if args.shapes else bench_cpu.SHAPES,
+        _ints(args.m) if args.m else bench_cpu.MS,
+        tuple(args.formats.split(",")) if args.formats else bench_cpu.FORMATS,
+        out_dir=args.out,
     )
     return 0
 
@@ -221,6 +235,43 @@ def _tune_measure(args: argparse.Namespace, kdir) -> int:
     return 0
 
 
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    """The ``bench`` subcommand's options."""
+    b = sub.add_parser(
+        "bench", help="time mxgemm kernels vs cuBLAS and the emulated path on a GPU, or vs torch on CPU"
+    )
+    b.add_argument(
+        "--device",
+        default="cuda",
+        choices=("cuda", "cpu"),
+        help="cpu: the CPU kernels vs torch fp32/bf16 F.linear and torch's int4 kernel (default shapes "
+        "4096,4096 and 14336,4096; M 1,4,16,64,256; formats mxfp4,mxfp8_e4m3; bf16 activations)",
+    )
+    b.add_argument("--shapes", nargs="*", help="N,K pairs (default: the 5 Llama-style bench shapes)")
+    b.add_argument("--m", help="comma list of M (default 1,2,4,...,4096)")
+    b.add_argument(
+        "--formats", help="comma list of formats (default mxfp4,mxfp6_e2m3,mxfp8_e4m3,mxint8,bfp8)"
+    )
+    b.add_argument("--a-dtype", default="float16", choices=A_DTYPE_NAMES)
+    b.add_argument("--out", default="benchmarks/results", help="results root (a folder per GPU below it)")
+    b.add_argument("--no-emulated", action="store_true", help="skip the dequantize + F.linear baseline")
+    b.add_argument("--build-only", action="store_true", help="only build the kernels (no GPU needed)")
+    b.add_argument(
+        "--compare-default",
+        action="store_true",
+        help="also time the kernels with the rules' default hints (mxgemm_default rows): the tuning gain",
+    )
+    b.add_argument(
+        "--stack",
+        action="store_true",
+        help="time what a model sees instead: two Llama-3-8B layers' projections as MxLinear vs nn.Linear, "
+        "eager / CUDA graph / torch.compile, fp16 and bf16 (first of --formats, default mxfp4)",
+    )
+    b.add_argument("--arch", default="sm_90", help="arch for --build-only")
+    b.add_argument("--jobs", type=int, default=2, help="parallel builds for --build-only")
+    b.set_defaults(func=_bench)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mxgemm", description=mxgemm.__doc__)
     p.add_argument("--version", action="version", version=f"mxgemm {mxgemm.__version__}")
@@ -271,30 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="mxgemm's checkpoint, or compressed-tensors' (vLLM; mxfp4, mxfp6_e2m3, mxfp8_e4m3, block 32)",
     )
     k.set_defaults(func=_pack)
-    b = sub.add_parser("bench", help="time mxgemm kernels vs cuBLAS and the emulated path on a GPU")
-    b.add_argument("--shapes", nargs="*", help="N,K pairs (default: the 5 Llama-style bench shapes)")
-    b.add_argument("--m", help="comma list of M (default 1,2,4,...,4096)")
-    b.add_argument(
-        "--formats", help="comma list of formats (default mxfp4,mxfp6_e2m3,mxfp8_e4m3,mxint8,bfp8)"
-    )
-    b.add_argument("--a-dtype", default="float16", choices=A_DTYPE_NAMES)
-    b.add_argument("--out", default="benchmarks/results", help="results root (a folder per GPU below it)")
-    b.add_argument("--no-emulated", action="store_true", help="skip the dequantize + F.linear baseline")
-    b.add_argument("--build-only", action="store_true", help="only build the kernels (no GPU needed)")
-    b.add_argument(
-        "--compare-default",
-        action="store_true",
-        help="also time the kernels with the rules' default hints (mxgemm_default rows): the tuning gain",
-    )
-    b.add_argument(
-        "--stack",
-        action="store_true",
-        help="time what a model sees instead: two Llama-3-8B layers' projections as MxLinear vs nn.Linear, "
-        "eager / CUDA graph / torch.compile, fp16 and bf16 (first of --formats, default mxfp4)",
-    )
-    b.add_argument("--arch", default="sm_90", help="arch for --build-only")
-    b.add_argument("--jobs", type=int, default=2, help="parallel builds for --build-only")
-    b.set_defaults(func=_bench)
+    _add_bench(sub)
     t = sub.add_parser(
         "tune",
         help="offline autotuning: build candidate schedules, measure them, keep the fastest in a tune log",

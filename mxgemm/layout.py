@@ -67,3 +67,25 @@ def transform_weight(q: MxWeight, kernel: object = None) -> list[torch.Tensor]:
         ``[plane_0, ..., scales]``: uint8 ``[n, k*w/8]`` per plane width ``w``, uint8 ``[n, k/block]``.
     """
     return [*to_planes(q.blocks, q.format.bits), q.scales]
+
+
+CPU_LANES = 32  # codes of one byte-vector load in the CPU decode, at most
+
+
+def cpu_group(bits: int, block_size: int) -> tuple[int, int, int]:
+    """(group, per, lanes) of the CPU decode's K order for ``bits``-wide codes in blocks of
+    ``block_size``: ``per`` codes a byte of the narrowest plane, ``lanes`` codes a byte-vector load
+    (up to :data:`CPU_LANES`, and few enough that one vector holds one block's codes: its scale is one
+    broadcast), ``group = lanes * per`` consecutive K elements permuted together (:func:`k_permuted`)."""
+    per = 8 // min(plane_widths(bits))
+    lanes = max(1, min(CPU_LANES, block_size // per))
+    return lanes * per, per, lanes
+
+
+def k_permuted(x: torch.Tensor, bits: int, block_size: int) -> torch.Tensor:
+    """``x [..., k]`` in the K order the CPU decode writes W in: element ``g·group + l·per + p``
+    (``l < lanes``, ``p < per``, :func:`cpu_group`) moves to ``g·group + p·lanes + l``, so the
+    ``lanes`` codes of one byte vector land on consecutive positions. A new contiguous tensor."""
+    group, per, lanes = cpu_group(bits, block_size)
+    k = x.shape[-1]
+    return x.reshape(*x.shape[:-1], k // group, lanes, per).transpose(-1, -2).reshape(x.shape).contiguous()

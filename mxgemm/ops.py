@@ -24,17 +24,21 @@ ACT_DTYPES = tuple(A_DTYPES.values())
 _DTYPE_NAMES = {v: k for k, v in A_DTYPES.items()}  # torch.float16 -> "float16"
 FP16_MAX = 65504.0
 DECODE_ABOVE = 4  # CUDA, more rows than this: decode W in 16 bits, then cuBLAS (see `plan`)
+CPU_DECODE_FROM = 2  # CPU, this many rows or more: decode W in row chunks, then torch's GEMM
+CPU_CHUNK_MB = 4.0  # CPU: MB of decoded weights per chunk (L2/L3-resident when the GEMM reads them)
 BACKEND_ENV = "MXGEMM_BACKEND"
 BACKENDS = ("kernels", "emulated")  # the generated kernels (default); dequantize + F.linear
 
 
-def decode_chunk_rows(n: int, k: int) -> int:
+def decode_chunk_rows(n: int, k: int, default_mb: float = 0.0, row_bytes: int | None = None) -> int:
     """Rows of W decoded per step on the decode + cuBLAS path: all of them (default), or, with
     ``$MXGEMM_DECODE_CHUNK_MB`` set, about that many MB of 16-bit weights at a time, which caps the
     temporary buffer (a multiple of 64 rows that divides ``n``, for aligned slices; else all of ``n``).
     Chunks the size of L2 were meant to keep W out of HBM in 16 bits but measured slower on an H100
-    (the extra launches and narrower GEMMs cost more: ``benchmarks/README.md``)."""
-    target = int(float(os.environ.get("MXGEMM_DECODE_CHUNK_MB", "0")) * (1 << 20)) // (2 * k)
+    (the extra launches and narrower GEMMs cost more: ``benchmarks/README.md``). The CPU path passes
+    its own default (:data:`CPU_CHUNK_MB`) and the bytes of one decoded row."""
+    mb = float(os.environ.get("MXGEMM_DECODE_CHUNK_MB", default_mb))
+    target = int(mb * (1 << 20)) // (row_bytes or 2 * k)
     if target <= 0 or n <= target:
         return n
     rows = next((r for r in range(target - target % 64, 0, -64) if n % r == 0), 0)
@@ -47,8 +51,10 @@ def plan(
 ) -> tuple[str, int | None]:
     """How ``m`` rows of an ``[n, k]`` ``fmt`` weight run on ``arch`` (``"llvm"``, or a CUDA arch such
     as ``"sm_90"``): ``("linear", bucket)``, the decode-fused kernel of that M bucket, or
-    ``("decode", None)``: W decoded in 16 bits by a generated kernel, then cuBLAS. CPU: always the fused
-    kernel (bucket 1, the GEMV, for one row; else one dynamic-M kernel). CUDA, asking the rules
+    ``("decode", None)``: W decoded by a generated kernel, then cuBLAS (CUDA, 16 bits) or torch's GEMM
+    (CPU, in row chunks; :func:`_decode_then_gemm_cpu`). CPU: the fused GEMV (bucket 1) for one row;
+    from :data:`CPU_DECODE_FROM` rows the decode, where its K groups tile K; else the fused dynamic-M
+    kernel (2-core Zen 5, 4096², bf16, 2 rows: mxfp4 9.5 ms fused, 3.5 decoded). CUDA, asking the rules
     (:mod:`mxgemm.rules`) which apply, by what measured fastest on an H100 (``benchmarks/README.md``):
     ``mma`` wherever it applies (fp16 or bf16, up
     to 64 rows); else the small-M rules up to ``DECODE_ABOVE`` rows (up to 2 for sub-byte codes when
@@ -60,7 +66,10 @@ def plan(
 
     cuda = arch.startswith("sm_")
     bucket = builder.m_bucket_for(m, "cuda" if cuda else "llvm")
-    if not cuda or m == 1:
+    if not cuda:
+        group, _, _ = layout.cpu_group(formats.get(fmt).bits, block_size or formats.get(fmt).block_size)
+        return ("decode", None) if m >= CPU_DECODE_FROM and k % group == 0 else ("linear", bucket)
+    if m == 1:
         return "linear", bucket
     f = formats.get(fmt)
     tgt = targets.cuda(arch)
@@ -83,6 +92,10 @@ def build_args(m: int, **layer) -> dict:
     arch = targets.arch_of(targets.resolve(layer.get("target", "llvm")))
     a_dtype = layer.get("a_dtype", "float16")
     op, bucket = plan(m, arch, layer["fmt"], layer["n"], layer["k"], a_dtype, layer.get("block_size"))
+    if op == "decode" and arch == "llvm":
+        out = cpu_gemm_dtype(A_DTYPES[a_dtype])
+        rows = decode_chunk_rows(layer["n"], layer["k"], CPU_CHUNK_MB, layer["k"] * out.itemsize)
+        return {**layer, "n": rows, "op": op, "bias": False, "m_bucket": None, "out_dtype": out}
     if op == "decode":
         rows = decode_chunk_rows(layer["n"], layer["k"])
         return {**layer, "n": rows, "op": op, "bias": False, "m_bucket": None}
@@ -147,10 +160,11 @@ def _kernel(
     bias: bool,
     block_size: int,
     op: str = "linear",
+    out_dtype: torch.dtype | None = None,
 ) -> builder.Kernel:
     """The kernel for ``device`` (its arch, or this CPU), looked up once per process and shape: the
     forward path skips target resolution and cache-key hashing after the first call."""
-    key = (device, fmt, n, k, m_bucket, dtype, bias, block_size, op)
+    key = (device, fmt, n, k, m_bucket, dtype, bias, block_size, op, out_dtype)
     if key not in _kernels:
         _kernels[key] = builder.build(
             fmt,
@@ -162,6 +176,7 @@ def _kernel(
             bias=bias,
             block_size=block_size,
             op=op,
+            out_dtype=out_dtype,
         )
     return _kernels[key]
 
@@ -197,7 +212,8 @@ def _forward(
     if kernel is _EMULATED:
         out = _emulated(x2, planes, scales, bias, fmt, block_size, n, k)
     elif kernel is None:
-        out = _decode_then_cublas(x2, planes, scales, bias, fmt, block_size, n, k)
+        decoded = _decode_then_cublas if cuda else _decode_then_gemm_cpu
+        out = decoded(x2, planes, scales, bias, fmt, block_size, n, k)
     else:
         out = torch.empty(m, n, dtype=x.dtype, device=dev)
         tail = [out] if bias is None else [bias.contiguous(), out]
@@ -252,6 +268,40 @@ def _decode_then_cublas(x2, planes, scales, bias, fmt, block_size, n, k) -> torc
         else:
             torch.addmm(bias[r : r + rows, None], w, x2.T, out=out_t[r : r + rows])
     return out_t.T.contiguous()
+
+
+def cpu_gemm_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the CPU decode path decodes W into and multiplies in for ``dtype`` activations:
+    bfloat16 for bfloat16 where the CPU has bf16 dot products (:func:`mxgemm.system.cpu_bf16_dot`:
+    torch's bf16 GEMM runs 3–4x faster than fp32 there), else float32 (exact for float16 and
+    bfloat16 activations; torch's fp16 CPU GEMM is slower still)."""
+    from mxgemm import system
+
+    return dtype if dtype is torch.bfloat16 and system.cpu_bf16_dot() else torch.float32
+
+
+def _decode_then_gemm_cpu(x2, planes, scales, bias, fmt, block_size, n, k) -> torch.Tensor:
+    """``x2 @ W.T (+ bias)`` on CPU: W decoded by the generated ``cpu_dequant`` kernel into
+    :func:`cpu_gemm_dtype` (exact), a row chunk at a time (:data:`CPU_CHUNK_MB`, so torch's GEMM reads
+    it from cache), in the permuted K order of :func:`mxgemm.layout.k_permuted`, and ``x2`` permuted
+    the same way once: every product and the fp32 sum are those of ``x2 @ W.T``."""
+    bits = formats.get(fmt).bits
+    wdtype = cpu_gemm_dtype(x2.dtype)
+    rows = decode_chunk_rows(n, k, CPU_CHUNK_MB, k * wdtype.itemsize)
+    kernel = _kernel(x2.device, fmt, rows, k, None, x2.dtype, False, block_size, "decode", wdtype)
+    _, per, lanes = layout.cpu_group(bits, block_size)
+    xt = layout.k_permuted(x2.to(wdtype), bits, block_size).T
+    w = torch.empty(rows, k // (per * lanes), per, lanes, dtype=wdtype)
+    w2 = w.view(rows, k)
+    b = None if bias is None else bias.to(wdtype)[:, None]
+    out_t = torch.empty(n, x2.shape[0], dtype=wdtype)
+    for r in range(0, n, rows):
+        _run(kernel, [*(p[r : r + rows] for p in planes), scales[r : r + rows], w])
+        if b is None:
+            torch.mm(w2, xt, out=out_t[r : r + rows])
+        else:
+            torch.addmm(b[r : r + rows], w2, xt, out=out_t[r : r + rows])
+    return out_t.T.to(x2.dtype).contiguous()
 
 
 def _emulated(x2, planes, scales, bias, fmt, block_size, n, k) -> torch.Tensor:

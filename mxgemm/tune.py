@@ -80,11 +80,6 @@ def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[s
 
     cuda = not arch.startswith("llvm")
     out, notes = [], []
-    if not cuda and len({m == 1 for m in ms}) < len(set(ms)):
-        notes.append(
-            f"M={','.join(map(str, ms))} on {arch}: a CPU kernel serves M=1 (the GEMV) and one serves every "
-            "other M (dynamic M, no buckets): one task each per shape"
-        )
     for fmt in fmts:
         f = formats.get(fmt)
         for n, k in shapes:
@@ -94,7 +89,11 @@ def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[s
                 op, bucket = plan(m, arch if cuda else "llvm", fmt, n, k, a_dtype, f.block_size)
                 task = Task(fmt, n, k, bucket, a_dtype, arch)
                 if op == "decode" or rules.rule_for(task.spec()) is None:
-                    path = "decode + cuBLAS" if op == "decode" else "dlight"
+                    path = (
+                        ("decode + cuBLAS" if cuda else "decode + torch's GEMM")
+                        if op == "decode"
+                        else "dlight"
+                    )
                     notes.append(f"{n},{k} M={m}: {path}, no hints to tune: skipped")
                     continue
                 out.append(task)

@@ -1,5 +1,7 @@
 """Kernel layout: bit planes round-trip exactly and hold the codes' bits low-first."""
 
+import itertools
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -40,3 +42,19 @@ def test_fp6_is_a_4_bit_and_a_2_bit_plane():
 def test_bad_width():
     with pytest.raises(ValueError, match="no plane layout for 9-bit"):
         layout.plane_widths(9)
+
+
+@pytest.mark.parametrize(
+    ("bits", "block", "want"),
+    [(4, 32, (32, 2, 16)), (6, 32, (32, 4, 8)), (8, 64, (32, 1, 32)), (3, 8, (8, 8, 1))],
+)
+def test_cpu_k_order(bits, block, want):
+    """Each byte-vector of the CPU decode holds codes of one scale block; ``k_permuted`` moves element
+    ``g·group + l·per + p`` to ``g·group + p·lanes + l``."""
+    assert layout.cpu_group(bits, block) == want
+    group, per, lanes = want
+    k = 3 * group
+    x = torch.arange(2 * k).reshape(2, k)
+    got = layout.k_permuted(x, bits, block)
+    for g, lane, p in itertools.product(range(3), range(lanes), range(per)):
+        assert got[1, g * group + p * lanes + lane] == x[1, g * group + lane * per + p]

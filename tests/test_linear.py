@@ -250,19 +250,49 @@ def test_gpu_linear_small_m(fmt, dtype, bias):
         _run(fmt, dtype, bias, m, "cuda", n=TC_N, k=TC_K)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fmt", CHUNK_FORMATS)
-def test_decode_then_matmul_in_chunks_on_cpu(fmt, monkeypatch):
-    """The chunking of the decode + cuBLAS path (CUDA, M > 16), run here with the LLVM decode kernel
-    and torch's CPU matmul: 4 chunks of 64 rows, bias per chunk."""
-    monkeypatch.setenv("MXGEMM_DECODE_CHUNK_MB", "0.25")
+def test_cpu_decode_path_in_chunks(fmt, dtype, monkeypatch):
+    """Two or more rows on CPU: W decoded by the ``cpu_dequant`` kernel a 64-row chunk at a time (in
+    the permuted K order, with x permuted to match), each chunk through torch's GEMM, bias per
+    chunk: numerics, and one-hot rows give W's columns bit-exactly."""
     n, k = GEMV_N * 4, GEMV_K
+    wbytes = ops.cpu_gemm_dtype(getattr(torch, dtype)).itemsize
+    monkeypatch.setenv("MXGEMM_DECODE_CHUNK_MB", str(0.125 * wbytes))
+    assert ops.decode_chunk_rows(n, k, ops.CPU_CHUNK_MB, k * wbytes) == GEMV_N
+    assert ops.plan(2, "llvm", fmt, n, k, dtype) == ("decode", None)
+    for m, bias in ((2, False), (17, True)):
+        _run(fmt, dtype, bias, m, "cpu", n=n, k=k)
     q = _weights(fmt, n, k)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(5, k, generator=g).to(torch.bfloat16)
-    b = torch.randn(n, generator=g).to(torch.bfloat16)
-    planes = ops._planes(q.blocks, mxgemm.formats.get(fmt).bits)
-    y = ops._decode_then_cublas(x, planes, q.scales, b, fmt, q.block_size, n, k)
-    _check(x, q, b, y)
+    x = torch.eye(k, dtype=getattr(torch, dtype))[:40]
+    assert torch.equal(mxgemm.linear(x, q), mxgemm.dequantize(q).to(x.dtype)[:, :40].T), fmt
+
+
+@pytest.mark.parametrize("out", ["bfloat16", "float32"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cpu_decode_kernel_writes_every_code_and_scale_exactly(fmt, out):
+    """The CPU decode kernel writes W in the permuted K order (`layout.k_permuted`) with every value
+    the reference's, rounded once to ``out``: random codes of every value, scale codes 0 (2**-127)
+    through 254 (NaN/inf element codes, never written by quantize, and scale 255 excluded)."""
+    from mxgemm import layout, packing
+    from mxgemm.weight import MxWeight
+
+    f = mxgemm.formats.get(fmt)
+    n, k = 16, 256
+    g = torch.Generator().manual_seed(3)
+    codes = torch.randint(0, 2**f.bits, (n, k), generator=g, dtype=torch.uint8)
+    unit = torch.full((n, k // 32), 127, dtype=torch.uint8)
+    codes[~mxgemm.dequantize(MxWeight(packing.pack(codes, f.bits), unit, fmt, 32, (n, k))).isfinite()] = 0
+    scales = torch.randint(0, 255, (n, k // 32), generator=g, dtype=torch.uint8)
+    scales[0, :2] = torch.tensor([0, 254], dtype=torch.uint8)
+    q = MxWeight(packing.pack(codes, f.bits), scales, fmt, 32, (n, k))
+    kernel = mxgemm.build(fmt, n=n, k=k, a_dtype="bfloat16", out_dtype=out, target="llvm", op="decode")
+    assert kernel.rule == "cpu_dequant"
+    _, per, lanes = layout.cpu_group(f.bits, 32)
+    w = torch.empty(n, k // (per * lanes), per, lanes, dtype=getattr(torch, out))
+    kernel(*ops._planes(q.blocks, f.bits), q.scales, w)
+    want = layout.k_permuted(mxgemm.dequantize(q).to(w.dtype), f.bits, 32)
+    assert torch.equal(w.view(n, k), want), fmt
 
 
 @pytest.mark.gpu

@@ -28,7 +28,7 @@ def _schedule(fmt, n, k, m_bucket, a_dtype, hints=None, rule=None):
 
 
 def test_the_registry_names_every_rule():
-    assert rules.RULES == ("cpu_gemv", "cpu", "mma", "gemv", "tensorcore", "dequant", "dlight")
+    assert rules.RULES == ("cpu_gemv", "cpu", "cpu_dequant", "mma", "gemv", "tensorcore", "dequant", "dlight")
     for name in rules.RULES:
         rule = rules.get(name)
         assert (
@@ -58,7 +58,7 @@ def test_the_registry_names_every_rule():
         (_spec("mxfp4", 4096, 4096, None, "bfloat16", arch="llvm"), {"cpu"}),
         (_spec("mxfp4", 4096, 4096, 1, "bfloat16", arch="llvm"), {"cpu_gemv", "cpu"}),
         (_spec("mxfp4", 4096, 4104, 1, "bfloat16", arch="llvm", block_size=8), {"cpu"}),  # K ∤ 64
-        (_spec("mxfp4", 4096, 4096, None, "bfloat16", arch="llvm", op="decode"), set()),
+        (_spec("mxfp4", 4096, 4096, None, "bfloat16", arch="llvm", op="decode"), {"cpu_dequant"}),
     ],
     ids=[
         "m1",

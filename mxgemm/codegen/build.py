@@ -90,7 +90,7 @@ class Kernel:
     ``[n, k*bits/8]`` bytes, for 8/4/2-bit formats), ``scales`` uint8 ``[n, k/block]``, ``bias``
     ``out_dtype [n]`` (only if built with bias), ``out`` ``out_dtype [m, n]``, all contiguous on the
     target's device. An ``op="decode"`` kernel is called ``kernel(*planes, scales, w)`` and writes
-    ``w``: ``a_dtype [n, k]``.
+    ``w``: ``out_dtype [n, k]`` (CPU: in the K order of :func:`mxgemm.layout.k_permuted`).
     """
 
     def __init__(self, spec: KernelSpec, path: Path, info: dict[str, Any]):
@@ -177,7 +177,7 @@ def schedule(spec: KernelSpec):
 
     def make(decode_dtype: str | None):
         if spec.op == "decode":
-            return decode_func(spec.fmt, n=spec.n, k=spec.k, dtype=spec.a_dtype, block_size=spec.block_size)
+            return decode_func(spec.fmt, n=spec.n, k=spec.k, dtype=spec.out_dtype, block_size=spec.block_size)
         return prim_func(
             spec.fmt,
             n=spec.n,
@@ -220,8 +220,9 @@ def build(
         a_dtype, out_dtype: ``"float16"`` or ``"bfloat16"`` (or the torch dtypes); out defaults to a_dtype.
         target: ``"llvm"``, ``"cuda"`` (arch of the current GPU), ``"sm_80"``/``"sm_90"``, or a dict.
         bias: add a ``[n]`` bias in the epilogue. block_size: elements per scale (default 32).
-        op: ``"linear"`` (the decode-fused matmul) or ``"decode"`` (W alone, ``a_dtype [n, k]``; no
-            M bucket or bias).
+        op: ``"linear"`` (the decode-fused matmul) or ``"decode"`` (W alone, ``out_dtype [n, k]``,
+            ``out_dtype`` a_dtype or, on CPU, ``"float32"``; no M bucket or bias; CPU kernels write
+            it in the K order of :func:`mxgemm.layout.k_permuted`).
         hints: schedule hints (tuning): a rule's ``Hints`` object (``mxgemm.rules.mma.Hints(...)``),
             or a dict of them with ``rule`` naming their rule; None: the tune logs' hints for this
             shape, else the routed rule's defaults.
@@ -231,15 +232,18 @@ def build(
     bs = formats.check_block_size(block_size, f)
     tgt = targets.resolve(target)
     a = dtype_name(a_dtype, "a_dtype")
-    o = dtype_name(out_dtype, "out_dtype") if out_dtype is not None else a
+    wide = op == "decode" and not targets.is_cuda(tgt) and str(out_dtype).removeprefix("torch.") == "float32"
+    o = "float32" if wide else dtype_name(out_dtype, "out_dtype") if out_dtype is not None else a
     if m_bucket not in M_BUCKETS:
         raise ValueError(f"m_bucket must be one of {M_BUCKETS}, got {m_bucket!r}")
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     if op == "decode" or not (targets.is_cuda(tgt) or m_bucket == 1):
         m_bucket = None  # CPU kernels: the GEMV for one row, else one dynamic-M kernel
-    if op == "decode" and (bias or o != a):
-        raise ValueError("op='decode' writes W in a_dtype: it takes no bias and no other out_dtype")
+    if op == "decode" and (bias or o not in (a, "float32")):
+        raise ValueError(
+            "op='decode' writes W in a_dtype (or float32 on CPU): it takes no bias and no other out_dtype"
+        )
     check_shape(n, k, bs)
     rule, hints = _typed(hints, rule)
     if hints is None and op == "linear":

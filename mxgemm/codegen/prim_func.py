@@ -94,11 +94,12 @@ def decode_func(
     """``W[n, k] = dequantize(codes, scales)`` in ``dtype`` as a PrimFunc (one block, ``decode``).
 
     Arguments: the code planes ``B``/``B0..`` and ``S`` exactly as in :func:`prim_func`, then
-    ``W``: ``dtype [n, k]``. The large-M CUDA path runs it and then cuBLAS.
+    ``W``: ``dtype [n, k]`` (``"float16"``, ``"bfloat16"`` or ``"float32"``). The many-row paths run
+    it and then cuBLAS (CUDA) or torch's GEMM (CPU).
     """
     f = formats.get(fmt)
     bs = formats.check_block_size(block_size, f)
-    dtype = dtype_name(dtype, "dtype")
+    dtype = "float32" if str(dtype).removeprefix("torch.") == "float32" else dtype_name(dtype, "dtype")
     check_shape(n, k, bs)
     b, s, w = _decoded_weight(f, n, k, bs, dtype)
     func = te.create_prim_func([*b, s, w], index_dtype_override="int64" if n * k >= 2**31 else None)

@@ -19,7 +19,7 @@ from mxgemm.rules.base import Make, Rule, Scheduled
 log = logging.getLogger(__name__)
 
 
-RULES = ("cpu_gemv", "cpu", "mma", "gemv", "tensorcore", "dequant", "dlight")
+RULES = ("cpu_gemv", "cpu", "cpu_dequant", "mma", "gemv", "tensorcore", "dequant", "dlight")
 TUNABLE = ("cpu_gemv", "cpu", "mma", "gemv", "tensorcore")  # rules with hints (what a tune record may name)
 _CUDA_LINEAR = ("mma", "tensorcore", "gemv", "dlight")  # the router's order for a CUDA linear kernel
 
@@ -45,12 +45,12 @@ def route(spec: Any) -> list[Rule]:
     """The rules that make ``spec``'s kernel with their defaults, in the order they are tried: on CUDA
     ``mma`` (except for 8-bit codes at M=1, which ``gemv`` streams faster), ``tensorcore``, ``gemv``,
     then dlight; ``dequant`` then dlight for the standalone decode; ``cpu_gemv`` (one row) then
-    ``cpu`` on an LLVM target."""
+    ``cpu`` on an LLVM target, ``cpu_dequant`` for its standalone decode."""
     from mxgemm import formats
     from mxgemm.layout import plane_widths
 
     if spec.target["kind"] != "cuda":
-        names: tuple[str, ...] = ("cpu_gemv", "cpu")
+        names: tuple[str, ...] = ("cpu_dequant",) if spec.op == "decode" else ("cpu_gemv", "cpu")
     elif spec.op == "decode":
         names = ("dequant", "dlight")
     else:
