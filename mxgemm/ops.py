@@ -24,7 +24,7 @@ ACT_DTYPES = tuple(A_DTYPES.values())
 _DTYPE_NAMES = {v: k for k, v in A_DTYPES.items()}  # torch.float16 -> "float16"
 FP16_MAX = 65504.0
 DECODE_ABOVE = 4  # CUDA, more rows than this: decode W in 16 bits, then cuBLAS (see `plan`)
-CPU_DECODE_FROM = 2  # CPU, this many rows or more: decode W in row chunks, then torch's GEMM
+CPU_FUSED_UP_TO = 4  # CPU, up to this many rows: the few-row GEMV (cpu_gemv), where it tiles the shape
 CPU_CHUNK_MB = 4.0  # CPU: MB of decoded weights per chunk (L2/L3-resident when the GEMM reads them)
 BACKEND_ENV = "MXGEMM_BACKEND"
 BACKENDS = ("kernels", "emulated")  # the generated kernels (default); dequantize + F.linear
@@ -52,30 +52,34 @@ def plan(
     """How ``m`` rows of an ``[n, k]`` ``fmt`` weight run on ``arch`` (``"llvm"``, or a CUDA arch such
     as ``"sm_90"``): ``("linear", bucket)``, the decode-fused kernel of that M bucket, or
     ``("decode", None)``: W decoded by a generated kernel, then cuBLAS (CUDA, 16 bits) or torch's GEMM
-    (CPU, in row chunks; :func:`_decode_then_gemm_cpu`). CPU: the fused GEMV (bucket 1) for one row;
-    from :data:`CPU_DECODE_FROM` rows the decode, where its K groups tile K; else the fused dynamic-M
-    kernel (2-core Zen 5, 4096², bf16, 2 rows: mxfp4 9.5 ms fused, 3.5 decoded). CUDA, asking the rules
-    (:mod:`mxgemm.rules`) which apply, by what measured fastest on an H100 (``benchmarks/README.md``):
-    ``mma`` wherever it applies (fp16 or bf16, up
-    to 64 rows); else the small-M rules up to ``DECODE_ABOVE`` rows (up to 2 for sub-byte codes when
-    ``tensorcore`` applies: it wins from 3 rows there); ``tensorcore`` up to 64 rows; decode + cuBLAS
-    beyond."""
+    (CPU, in row chunks; :func:`_decode_then_gemm_cpu`). CPU: the few-row GEMV (``cpu_gemv``, buckets
+    1 and 4, rows padded up to the bucket) up to :data:`CPU_FUSED_UP_TO` rows where it tiles the shape;
+    else from 2 rows the decode, where its K groups tile K; else the fused dynamic-M kernel. (2-core
+    Zen 5, 4096² mxfp4, bf16: 2 rows 9.5 ms dynamic-M, 3.5 decoded, 1.0 GEMV; a 16-row GEMV bucket
+    took 7.2 ms against 2.2 decoded: it streams the 16 rows of activations from L2 once per output.)
+    CUDA, asking the rules (:mod:`mxgemm.rules`) which apply, by what measured fastest on an H100
+    (``benchmarks/README.md``): ``mma`` wherever it applies (fp16 or bf16, up to 64 rows); else the
+    small-M rules up to ``DECODE_ABOVE`` rows (up to 2 for sub-byte codes when ``tensorcore`` applies:
+    it wins from 3 rows there); ``tensorcore`` up to 64 rows; decode + cuBLAS beyond."""
     from mxgemm import rules
     from mxgemm.layout import plane_widths
     from mxgemm.rules.tensorcore import M_TILES as TC_TILES
 
     cuda = arch.startswith("sm_")
     bucket = builder.m_bucket_for(m, "cuda" if cuda else "llvm")
-    if not cuda:
-        group, _, _ = layout.cpu_group(formats.get(fmt).bits, block_size or formats.get(fmt).block_size)
-        return ("decode", None) if m >= CPU_DECODE_FROM and k % group == 0 else ("linear", bucket)
-    if m == 1:
-        return "linear", bucket
     f = formats.get(fmt)
-    tgt = targets.cuda(arch)
+    tgt = targets.cuda(arch) if cuda else targets.cpu()
 
     def spec(b: int | None) -> builder.KernelSpec:
         return builder.KernelSpec(fmt, n, k, b, a_dtype, a_dtype, False, block_size or f.block_size, tgt)
+
+    if not cuda:
+        if m <= CPU_FUSED_UP_TO and rules.get("cpu_gemv").applies(spec(bucket)):
+            return "linear", bucket
+        group, _, _ = layout.cpu_group(f.bits, block_size or f.block_size)
+        return ("decode", None) if m >= 2 and k % group == 0 else ("linear", 1 if m == 1 else None)
+    if m == 1:
+        return "linear", bucket
 
     if rules.get("mma").applies(spec(bucket)):
         return "linear", bucket
@@ -209,15 +213,19 @@ def _forward(
         _check_fp16_once(planes, scales, fmt, block_size, n, k)  # a host sync: never inside a CUDA graph
     key = (m, dev, x.dtype, fmt, n, k, bias is not None, block_size, os.environ.get(BACKEND_ENV))
     kernel = _routes[key] if key in _routes else _routes.setdefault(key, _route(*key))
+    pad = 0 if cuda or kernel is None or kernel is _EMULATED else (kernel.spec.m_bucket or m) - m
+    if pad:  # a CPU static-M kernel: zero rows up to its bucket
+        x2 = torch.cat([x2, x2.new_zeros(pad, k)])
     if kernel is _EMULATED:
         out = _emulated(x2, planes, scales, bias, fmt, block_size, n, k)
     elif kernel is None:
         decoded = _decode_then_cublas if cuda else _decode_then_gemm_cpu
         out = decoded(x2, planes, scales, bias, fmt, block_size, n, k)
     else:
-        out = torch.empty(m, n, dtype=x.dtype, device=dev)
+        out = torch.empty(m + pad, n, dtype=x.dtype, device=dev)
         tail = [out] if bias is None else [bias.contiguous(), out]
         _run(kernel, [x2, *planes, scales, *tail])
+        out = out[:m]
     return out if flat else out.reshape(*x.shape[:-1], n)
 
 

@@ -231,7 +231,15 @@ def test_routing_by_bucket_format_and_shape():
     }
     assert ops.plan(16, "sm_90", "mxfp4", 4096, 4096, "bfloat16") == ("linear", 16)
     assert ops.plan(65, "sm_90", "mxfp4", 4096, 4096, "bfloat16") == ("decode", None)
-    assert ops.plan(3, "llvm", "mxfp4", 4096, 4096, "float16") == ("linear", None)
+    cpu = {m: ops.plan(m, "llvm", "mxfp4", 4096, 4096, "float16") for m in (1, 3, 4, 5, 17)}
+    assert cpu == {
+        1: ("linear", 1),
+        3: ("linear", 4),
+        4: ("linear", 4),
+        5: ("decode", None),
+        17: ("decode", None),
+    }
+    assert ops.plan(3, "llvm", "mxfp4", 4096, 4104, "float16", 8) == ("decode", None)  # no GEMV tiles K
 
 
 RING_HINTS = {"nt": 2, "kw": 4, "unroll": 8, "stages": 2, "kn": 1, "pdl": 0, "shl": 0}
@@ -381,9 +389,9 @@ def test_mma_pdl_waits_before_it_reads():
 _BUILD_SCRIPT = textwrap.dedent(
     """
     import json, sys, torch, mxgemm
-    k = mxgemm.build("bfp5", n=24, k=64, a_dtype="bfloat16")
+    k = mxgemm.build("bfp5", n=24, k=64, m_bucket=1, a_dtype="bfloat16")
     q = mxgemm.quantize(torch.linspace(-3, 3, 24 * 64).reshape(24, 64), "bfp5")
-    y = mxgemm.linear(torch.ones(2, 64, dtype=torch.bfloat16), q)
+    y = mxgemm.linear(torch.ones(1, 64, dtype=torch.bfloat16), q)
     print(json.dumps({"path": str(k.path), "y": y.float().sum().item()}))
     """
 )

@@ -105,9 +105,11 @@ def test_cpu_kernel_is_bit_exact_for_exact_products():
         assert torch.equal(y, mxgemm.dequantize(q).T.to(torch.bfloat16)), fmt
 
 
+@pytest.mark.parametrize("bucket", [1, 4])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_cpu_gemv_decodes_every_code_and_scale_bit_exactly(fmt):
-    """The one-row CPU kernel (``cpu_gemv``, its ``"sar"`` decode) with one-hot rows equals the same
+def test_cpu_gemv_decodes_every_code_and_scale_bit_exactly(fmt, bucket):
+    """The few-row CPU kernel (``cpu_gemv``, its ``"sar"`` decode; one row, and four rows, each one-hot
+    on another column) with one-hot rows equals the same
     product in torch bit for bit: each output is one decoded weight (rows holding an infinite or NaN
     weight are NaN: 0 × inf). Random codes of every value and scale codes over the whole E8M0
     range, 0 (2**-127), 254 (2**127) and 255 (NaN) included. (NaN/inf element codes, which quantize
@@ -126,17 +128,17 @@ def test_cpu_gemv_decodes_every_code_and_scale_bit_exactly(fmt):
     scales[0, :2] = torch.tensor([0, 254], dtype=torch.uint8)
     scales[1, 3] = 255
     q = MxWeight(packing.pack(codes, f.bits), scales, fmt, 32, (n, k))
-    kernel = mxgemm.build(fmt, n=n, k=k, m_bucket=1, a_dtype="bfloat16", target="llvm")
+    kernel = mxgemm.build(fmt, n=n, k=k, m_bucket=bucket, a_dtype="bfloat16", target="llvm")
     assert kernel.rule == "cpu_gemv"
     planes, w = mxgemm.layout.transform_weight(q), mxgemm.dequantize(q)
-    y = torch.empty(1, n, dtype=torch.bfloat16)
-    for col in range(k):
-        x = torch.zeros(1, k, dtype=torch.bfloat16)
-        x[0, col] = 1
+    y = torch.empty(bucket, n, dtype=torch.bfloat16)
+    for col in range(0, k, bucket):
+        x = torch.zeros(bucket, k, dtype=torch.bfloat16)
+        x[torch.arange(bucket), (col + torch.arange(bucket) * (k // bucket + 1)) % k] = 1
         kernel(x, *planes, y)
         want = (x.float() @ w.T).to(torch.bfloat16)
         torch.testing.assert_close(y, want, rtol=0, atol=0, equal_nan=True)
-    assert y[0, 1].isnan() and y[0, 2:].isfinite().any()
+    assert y[:, 1].isnan().any() and y[:, 2:].isfinite().any()
 
 
 @pytest.mark.gpu
@@ -253,15 +255,15 @@ def test_gpu_linear_small_m(fmt, dtype, bias):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fmt", CHUNK_FORMATS)
 def test_cpu_decode_path_in_chunks(fmt, dtype, monkeypatch):
-    """Two or more rows on CPU: W decoded by the ``cpu_dequant`` kernel a 64-row chunk at a time (in
+    """Five or more rows on CPU: W decoded by the ``cpu_dequant`` kernel a 64-row chunk at a time (in
     the permuted K order, with x permuted to match), each chunk through torch's GEMM, bias per
     chunk: numerics, and one-hot rows give W's columns bit-exactly."""
     n, k = GEMV_N * 4, GEMV_K
     wbytes = ops.cpu_gemm_dtype(getattr(torch, dtype)).itemsize
     monkeypatch.setenv("MXGEMM_DECODE_CHUNK_MB", str(0.125 * wbytes))
     assert ops.decode_chunk_rows(n, k, ops.CPU_CHUNK_MB, k * wbytes) == GEMV_N
-    assert ops.plan(2, "llvm", fmt, n, k, dtype) == ("decode", None)
-    for m, bias in ((2, False), (17, True)):
+    assert ops.plan(5, "llvm", fmt, n, k, dtype) == ("decode", None)
+    for m, bias in ((5, False), (17, True)):
         _run(fmt, dtype, bias, m, "cpu", n=n, k=k)
     q = _weights(fmt, n, k)
     x = torch.eye(k, dtype=getattr(torch, dtype))[:40]

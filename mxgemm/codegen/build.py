@@ -19,18 +19,18 @@ import mxgemm
 from mxgemm import formats, system
 from mxgemm.codegen import cache
 from mxgemm.codegen import target as targets
-from mxgemm.codegen.shapes import check_shape, dtype_name
+from mxgemm.codegen.shapes import CPU_M_BUCKETS, check_shape, dtype_name
 
 M_BUCKETS = (1, 4, 16, 64, 256, None)  # None: no upper bound
 OPS = ("linear", "decode")
 
 
 def m_bucket_for(m: int, target_kind: str) -> int | None:
-    """The kernel bucket that serves ``m`` rows: on CPU 1 (the GEMV) for one row, else one dynamic-M
-    kernel (None); on CUDA the smallest bucket ≥ m."""
-    if target_kind != "cuda":
-        return 1 if m == 1 else None
-    return next(b for b in M_BUCKETS if b is None or m <= b)
+    """The kernel bucket that serves ``m`` rows: the smallest bucket ≥ m, on CPU of
+    :data:`~mxgemm.codegen.shapes.CPU_M_BUCKETS` (static-M kernels, rows padded up to it) and else one
+    dynamic-M kernel (None)."""
+    buckets = M_BUCKETS if target_kind == "cuda" else (*CPU_M_BUCKETS, None)
+    return next(b for b in buckets if b is None or m <= b)
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,8 @@ def build(
 
     Args:
         fmt: weight format name. n, k: output / input features (k a multiple of the block size).
-        m_bucket: rows served: 1, 4, 16, 64, 256 or None (any M). CPU kernels: 1 (the GEMV) or any M.
+        m_bucket: rows served: 1, 4, 16, 64, 256 or None (any M). CPU kernels: 1 or 4 (the GEMV,
+            exactly that many rows) or any M.
         a_dtype, out_dtype: ``"float16"`` or ``"bfloat16"`` (or the torch dtypes); out defaults to a_dtype.
         target: ``"llvm"``, ``"cuda"`` (arch of the current GPU), ``"sm_80"``/``"sm_90"``, or a dict.
         bias: add a ``[n]`` bias in the epilogue. block_size: elements per scale (default 32).
@@ -238,8 +239,8 @@ def build(
         raise ValueError(f"m_bucket must be one of {M_BUCKETS}, got {m_bucket!r}")
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
-    if op == "decode" or not (targets.is_cuda(tgt) or m_bucket == 1):
-        m_bucket = None  # CPU kernels: the GEMV for one row, else one dynamic-M kernel
+    if op == "decode" or not (targets.is_cuda(tgt) or m_bucket in CPU_M_BUCKETS):
+        m_bucket = None  # CPU kernels: the few-row GEMV's static buckets, else one dynamic-M kernel
     if op == "decode" and (bias or o not in (a, "float32")):
         raise ValueError(
             "op='decode' writes W in a_dtype (or float32 on CPU): it takes no bias and no other out_dtype"

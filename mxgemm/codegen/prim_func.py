@@ -22,6 +22,7 @@ def prim_func(
     block_size: int | None = None,
     decode_dtype: str | None = None,
     decode_form: str = "bits",
+    a_stage: bool = False,
 ) -> tirx.PrimFunc:
     """``Y[m, n] = cast(sum_k A[m, k] * W[n, k]) (+ Bias[n])`` with ``W`` decoded from MX/BFP codes.
 
@@ -36,7 +37,8 @@ def prim_func(
     exact for every format and skips a round trip through 16 bits where no tensor core needs them),
     ``matmul`` (fp32 accumulation), ``epilogue`` (cast, bias). ``decode_form``: the decode
     expression (:func:`mxgemm.codegen.decode.weight_expr`'s ``form``: ``"bits"`` or ``"sar"``, the
-    same values).
+    same values). ``a_stage``: A converted to float32 in a block of its own, ``a_f32`` (the CPU GEMV
+    computes it once per call instead of once per output row).
     """
     f = formats.get(fmt)
     bs = formats.check_block_size(block_size, f)
@@ -53,9 +55,10 @@ def prim_func(
     a = te.placeholder((mm, k), a_dtype, name="A")
     b, s, w = _decoded_weight(f, n, k, bs, decode_dtype, decode_form)
     r = te.reduce_axis((0, k), name="k")
+    a_in = te.compute((mm, k), lambda i, c: tirx.Cast("float32", a[i, c]), name="a_f32") if a_stage else a
     acc = te.compute(
         (mm, n),
-        lambda i, j: te.sum(tirx.Cast("float32", a[i, r]) * tirx.Cast("float32", w[j, r]), axis=r),
+        lambda i, j: te.sum(tirx.Cast("float32", a_in[i, r]) * tirx.Cast("float32", w[j, r]), axis=r),
         name="matmul",
     )
     args = [a, *b, s]

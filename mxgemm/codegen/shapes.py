@@ -7,6 +7,7 @@ from typing import Any
 from mxgemm.options import A_DTYPE_NAMES
 
 A_DTYPES = tuple(A_DTYPE_NAMES)  # "float16", "bfloat16"
+CPU_M_BUCKETS = (1, 4)  # the CPU's static-M kernels (the few-row GEMV); other M: one dynamic-M kernel
 
 
 def check_shape(n: int, k: int, block_size: int) -> None:

@@ -1,15 +1,17 @@
-"""CPU rule for one row of activations (M bucket 1): a GEMV that reads each weight byte once, decodes
-in vector registers and accumulates in fp32 vectors, parallel over output rows.
+"""CPU rule for a few rows of activations (M buckets 1 and 4): a GEMV that reads each weight byte
+once, decodes in vector registers and accumulates in fp32 vectors, parallel over output rows.
 
 The decode is :func:`mxgemm.codegen.decode.weight_expr`'s ``"sar"`` form (one shift to put the code
 at the top of a 32-bit lane, one arithmetic shift and one AND to place sign and exponent/mantissa
 bits, the exact float32 multiply(s)), inlined into the multiply-add. K is walked in groups of
 ``lanes × per`` codes (``per`` codes a byte of the narrowest plane): the ``lanes`` bytes of a group are
 one contiguous vector load, each of their ``per`` codes one unrolled step whose shift is a constant.
-The reduction over K is therefore in a permuted order; the activations are permuted once per call to
-match (``A_global``, ``[m, k / (lanes·per), per, lanes]``), so their loads are contiguous vectors too.
-A ``lanes``-wide fp32 accumulator per output row (``rfactor``) is summed across lanes at the row's end.
-Parallel tasks take ``rows`` output rows each.
+The rows of the bucket are an unrolled loop inside that step, so each decoded vector feeds one
+multiply-add per row (LLVM keeps one copy of the decode). The reduction over K is therefore in a
+permuted order; the activations are converted to fp32 and permuted once per call to match (``a_f32``,
+``[m, k / (lanes·per), per, lanes]``), so their loads are contiguous vectors too. A ``lanes``-wide fp32
+accumulator per row and output (``rfactor``) is summed across lanes at the output's end. Parallel
+tasks take ``rows`` outputs each. Calls with fewer rows than the bucket pad them with zeros.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from tvm import s_tir
 
 from mxgemm import formats
+from mxgemm.codegen.shapes import CPU_M_BUCKETS
 from mxgemm.layout import plane_widths
 from mxgemm.rules.base import Rule, Scheduled, cheapest
 
@@ -53,14 +56,14 @@ def fits(h: Hints, n: int, k: int, fmt: formats.Format) -> bool:
 
 
 class CpuGemv(Rule):
-    """LLVM targets, M bucket 1, a shape some hints tile."""
+    """LLVM targets, M buckets 1 and 4, a shape some hints tile."""
 
     name = "cpu_gemv"
     Hints = Hints
 
     @staticmethod
     def _serves(spec: Any) -> bool:
-        return spec.target["kind"] == "llvm" and spec.op == "linear" and spec.m_bucket == 1
+        return spec.target["kind"] == "llvm" and spec.op == "linear" and spec.m_bucket in CPU_M_BUCKETS
 
     def candidates(self, spec: Any) -> list[Hints]:
         if not self._serves(spec):
@@ -70,9 +73,11 @@ class CpuGemv(Rule):
 
     def cost(self, spec: Any, h: Hints) -> float:
         """16 lanes (two AVX2 registers: two independent accumulator chains) and 8 rows a task. On a
-        2-core Zen 3 (2026-11-24, 4096² mxfp4) 32 lanes measured ~2x slower; 8 lanes and 4–16 rows
-        were within that box's noise of the default."""
-        return (1.0 if h.lanes == 16 else 1.1) * (1.0 if h.rows == 8 else 1.05)
+        2-core Zen 3 (2026-11-24, 4096² mxfp4, M=1) 32 lanes measured ~2x slower; 8 lanes and 4–16
+        rows were within that box's noise of the default. Accumulators beyond 256 floats (lanes × M
+        bucket: 16 AVX-512 registers) spill."""
+        spill = 2.0 if h.lanes * spec.m_bucket > 256 else 1.0
+        return spill * (1.0 if h.lanes == 16 else 1.1) * (1.0 if h.rows == 8 else 1.05)
 
     def default_hints(self, spec: Any) -> Hints | None:
         return cheapest(self, spec)
@@ -88,8 +93,9 @@ class CpuGemv(Rule):
         from mxgemm.codegen.prim_func import prim_func
 
         func = prim_func(
-            spec.fmt, n=spec.n, k=spec.k, m=1, a_dtype=spec.a_dtype, out_dtype=spec.out_dtype,
+            spec.fmt, n=spec.n, k=spec.k, m=spec.m_bucket, a_dtype=spec.a_dtype, out_dtype=spec.out_dtype,
             bias=spec.bias, block_size=spec.block_size, decode_dtype="float32", decode_form="sar",
+            a_stage=True,
         )  # fmt: skip
         return Scheduled(self.name, _schedule(func, h, _per(fmt)), h)
 
@@ -101,24 +107,24 @@ def _schedule(func: Any, h: Hints, per: int) -> Any:
     """The schedule of the module docstring; returns the IRModule."""
     lanes = h.lanes
     sch = s_tir.Schedule(func)
-    dec, mm, epi = (sch.get_sblock(name) for name in ("decode", "matmul", "epilogue"))
+    dec, mm, epi, a32 = (sch.get_sblock(name) for name in ("decode", "matmul", "epilogue", "a_f32"))
     sch.compute_inline(dec)
     i, j, k = sch.get_loops(mm)
     g, kv, kn = sch.split(k, [None, lanes, per])
     jo, ji = sch.split(j, [None, h.rows])
-    sch.reorder(jo, i, ji, g, kn, kv)
+    sch.reorder(jo, ji, g, kn, i, kv)
     rf = sch.rfactor(kv, 0)
-    jo, i, ji, g, kn, kv = sch.get_loops(rf)
+    jo, ji, g, kn, i, kv = sch.get_loops(rf)
     sch.parallel(jo)
     sch.reverse_compute_at(mm, ji)
     sch.reverse_compute_at(epi, ji)
     sch.set_scope(rf, 0, "local")
     sch.set_scope(mm, 0, "local")
+    sch.transform_layout(rf, ("write", 0), lambda v, r, c: (r, c, v))  # each row's lanes contiguous
     sch.vectorize(kv)
+    sch.unroll(i)
     sch.unroll(kn)
-    a = next(n for n, r in enumerate(sch.get(rf).reads) if r.source.name == "A")
-    a_perm = sch.cache_read(rf, a, "global")
     group = lanes * per
-    sch.transform_layout(a_perm, ("write", 0), lambda r, c: (r, c // group, c % per, c % group // per))
+    sch.transform_layout(a32, ("write", 0), lambda r, c: (r, c // group, c % per, c % group // per))
     sch.decompose_reduction(rf, g)
     return sch.mod
