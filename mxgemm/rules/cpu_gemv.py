@@ -6,12 +6,13 @@ at the top of a 32-bit lane, one arithmetic shift and one AND to place sign and 
 bits, the exact float32 multiply(s)), inlined into the multiply-add. K is walked in groups of
 ``lanes × per`` codes (``per`` codes a byte of the narrowest plane): the ``lanes`` bytes of a group are
 one contiguous vector load, each of their ``per`` codes one unrolled step whose shift is a constant.
-The rows of the bucket are an unrolled loop inside that step, so each decoded vector feeds one
-multiply-add per row (LLVM keeps one copy of the decode). The reduction over K is therefore in a
-permuted order; the activations are converted to fp32 and permuted once per call to match (``a_f32``,
-``[m, k / (lanes·per), per, lanes]``), so their loads are contiguous vectors too. A ``lanes``-wide fp32
-accumulator per row and output (``rfactor``) is summed across lanes at the output's end. Parallel
-tasks take ``rows`` outputs each. Calls with fewer rows than the bucket pad them with zeros.
+Inside a step, the ``rows`` outputs of a parallel task and the rows of the bucket are unrolled loops:
+each output's decoded vector feeds one multiply-add per row (LLVM keeps one copy of the decode), each
+activation vector is loaded once for all outputs, and the ``rows × M`` accumulators are independent
+chains. The reduction over K is therefore in a permuted order; the activations are converted to fp32
+and permuted once per call to match (``a_f32``, ``[m, k / (lanes·per), per, lanes]``), so their
+loads are contiguous vectors too. Each ``lanes``-wide accumulator (``rfactor``) is summed across lanes
+at the end. Calls with fewer rows than the bucket pad them with zeros.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from mxgemm.rules.base import Rule, Scheduled, cheapest
 
 LANES = (16, 8, 32)  # fp32 lanes of the accumulator (AVX2 registers hold 8; LLVM splits wider vectors)
 ROWS = (8, 16, 4, 2, 1)
+PREFERRED_ROWS = {1: 8, 4: 4}  # by M bucket (measured: :meth:`CpuGemv.cost`)
 
 
 @dataclass(frozen=True)
@@ -72,12 +74,16 @@ class CpuGemv(Rule):
         return [h for h in (Hints(v, r) for v in LANES for r in ROWS) if fits(h, spec.n, spec.k, f)]
 
     def cost(self, spec: Any, h: Hints) -> float:
-        """16 lanes (two AVX2 registers: two independent accumulator chains) and 8 rows a task. On a
-        2-core Zen 3 (2026-11-24, 4096² mxfp4, M=1) 32 lanes measured ~2x slower; 8 lanes and 4–16
-        rows were within that box's noise of the default. Accumulators beyond 256 floats (lanes × M
-        bucket: 16 AVX-512 registers) spill."""
-        spill = 2.0 if h.lanes * spec.m_bucket > 256 else 1.0
-        return spill * (1.0 if h.lanes == 16 else 1.1) * (1.0 if h.rows == 8 else 1.05)
+        """16 lanes, and the output rows of a task interleaved in the K loop: 8 at M=1, 4 at M=4 (8 or
+        16 independent accumulator chains; A loaded once for all of them). 2-core Zen 5, 4096², bf16
+        activations, weights in L3 (2026-11-24): mxfp4 M=1 0.35 ms at (16 lanes, 8 rows), 0.41 at 4
+        rows, 0.70 at 16, 0.61–1.6 with 8 or 32 lanes; M=4 0.56 ms at (16, 4), 0.66 at 2 rows, 4.1 at
+        (8, 8); the rows in sequence (no interleave) took 0.72 and 1.13 ms. Codes in several planes
+        (3/5/6/7 bits) read bytes with a stride, lane by lane: one row at a time is faster there
+        (M=1: mxfp6_e2m3 3.3 ms against 3.9 at 8 rows, bfp5 1.6 against 2.8)."""
+        planes = len(plane_widths(formats.get(spec.fmt).bits))
+        rows = PREFERRED_ROWS.get(spec.m_bucket, 4) if planes == 1 else 1
+        return (1.0 if h.lanes == 16 else 1.1) * (1.0 if h.rows == rows else 1.05)
 
     def default_hints(self, spec: Any) -> Hints | None:
         return cheapest(self, spec)
@@ -112,12 +118,13 @@ def _schedule(func: Any, h: Hints, per: int) -> Any:
     i, j, k = sch.get_loops(mm)
     g, kv, kn = sch.split(k, [None, lanes, per])
     jo, ji = sch.split(j, [None, h.rows])
-    sch.reorder(jo, ji, g, kn, i, kv)
+    sch.reorder(jo, g, kn, ji, i, kv)
     rf = sch.rfactor(kv, 0)
-    jo, ji, g, kn, i, kv = sch.get_loops(rf)
+    jo, g, kn, ji, i, kv = sch.get_loops(rf)
     sch.parallel(jo)
-    sch.reverse_compute_at(mm, ji)
-    sch.reverse_compute_at(epi, ji)
+    sch.reverse_compute_at(mm, jo)
+    sch.reverse_compute_at(epi, jo)
+    sch.unroll(ji)
     sch.set_scope(rf, 0, "local")
     sch.set_scope(mm, 0, "local")
     sch.transform_layout(rf, ("write", 0), lambda v, r, c: (r, c, v))  # each row's lanes contiguous
