@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 
 import torch
 
@@ -288,6 +289,19 @@ def cpu_gemm_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype is torch.bfloat16 and system.cpu_bf16_dot() else torch.float32
 
 
+_local = threading.local()
+
+
+def _scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A CPU buffer of ``numel`` ``dtype`` elements kept per thread across calls: a fresh multi-MB
+    ``torch.empty`` on every call is a fresh mapping whose page faults cost more than the decode
+    (4096² mxfp4, 16 rows: 5.2 ms a call against 2.x ms with the buffer kept)."""
+    buf = getattr(_local, "scratch", None)
+    if buf is None or buf.dtype != dtype or buf.numel() < numel:
+        buf = _local.scratch = torch.empty(numel, dtype=dtype)
+    return buf[:numel]
+
+
 def _decode_then_gemm_cpu(x2, planes, scales, bias, fmt, block_size, n, k) -> torch.Tensor:
     """``x2 @ W.T (+ bias)`` on CPU: W decoded by the generated ``cpu_dequant`` kernel into
     :func:`cpu_gemm_dtype` (exact), a row chunk at a time (:data:`CPU_CHUNK_MB`, so torch's GEMM reads
@@ -299,8 +313,8 @@ def _decode_then_gemm_cpu(x2, planes, scales, bias, fmt, block_size, n, k) -> to
     kernel = _kernel(x2.device, fmt, rows, k, None, x2.dtype, False, block_size, "decode", wdtype)
     _, per, lanes = layout.cpu_group(bits, block_size)
     xt = layout.k_permuted(x2.to(wdtype), bits, block_size).T
-    w = torch.empty(rows, k // (per * lanes), per, lanes, dtype=wdtype)
-    w2 = w.view(rows, k)
+    w2 = _scratch(rows * k, wdtype).view(rows, k)
+    w = w2.view(rows, k // (per * lanes), per, lanes)
     b = None if bias is None else bias.to(wdtype)[:, None]
     out_t = torch.empty(n, x2.shape[0], dtype=wdtype)
     for r in range(0, n, rows):
