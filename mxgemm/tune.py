@@ -32,6 +32,7 @@ from mxgemm.codegen import target as targets
 log = logging.getLogger(__name__)
 MANIFEST = "tune_manifest.json"
 MEASUREMENTS = "tune_measurements.jsonl"
+CPU_CALLS = 40  # timed calls per CPU candidate (cycling the weight copies)
 
 
 class TuneError(ValueError):
@@ -192,31 +193,48 @@ def _inputs(task: Task, device: torch.device, copies: int):
 
 
 def _time(kernel: builder.Kernel, task: Task) -> float:
-    """Median µs of one launch (CUDA: graph of rotating weight copies, as `mxgemm bench`)."""
+    """Median µs of one CUDA launch: a graph of launches over rotating weight copies, as `mxgemm bench`."""
     from mxgemm import bench
 
-    cuda = not task.arch.startswith("llvm")
-    dev = torch.device("cuda" if cuda else "cpu")
     nbytes = task.n * task.k * formats.get(task.fmt).bits // 8
-    x, weights, y, _ = _inputs(task, dev, bench._copies(nbytes) if cuda else 1)
+    x, weights, y, _ = _inputs(task, torch.device("cuda"), bench._copies(nbytes))
     calls = [lambda w=w: kernel(x, *w, y) for w in weights]
-    if cuda:
-        import tvm_ffi
+    import tvm_ffi
 
-        with tvm_ffi.use_torch_stream():
-            return bench._time_graph(bench._cycle(calls))
-    calls[0]()
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        calls[0]()
-        times.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(times)
+    with tvm_ffi.use_torch_stream():
+        return bench._time_graph(bench._cycle(calls))
+
+
+def _time_cpu(kernels: list[builder.Kernel], task: Task, seconds: float | None) -> list[float]:
+    """Median µs of one call of each CPU kernel (the candidates of ``task``), their calls interleaved
+    round by round (a drift of the machine's speed, large on shared VMs, hits every candidate alike),
+    every call on the next of weight copies cycled past the last-level cache (a model's layers come
+    from DRAM; the fastest hints differ from L3-resident ones, as `mxgemm bench --device cpu` times
+    them). :data:`CPU_CALLS` rounds, fewer when ``seconds`` runs out (at least 5)."""
+    from mxgemm import bench_cpu
+
+    nbytes = task.n * task.k * formats.get(task.fmt).bits // 8
+    x, weights, y, _ = _inputs(task, torch.device("cpu"), bench_cpu._copies(nbytes))
+    for kernel in kernels:
+        for w in weights:
+            kernel(x, *w, y)
+    times: list[list[float]] = [[] for _ in kernels]
+    start = time.perf_counter()
+    for i in range(max(CPU_CALLS, len(weights))):
+        if i >= 5 and seconds is not None and time.perf_counter() - start > seconds:
+            break
+        for j, (kernel, ts) in enumerate(zip(kernels, times, strict=True)):
+            w = weights[(i * len(kernels) + j) % len(weights)]  # the least recently read copy
+            t0 = time.perf_counter()
+            kernel(x, *w, y)
+            ts.append((time.perf_counter() - t0) * 1e6)
+    return [statistics.median(ts) for ts in times]
 
 
 def measure(kernel_dir: str | Path, seconds: float | None = None, progress=None) -> list[tunelog.Record]:
     """Time every candidate of the manifest in ``kernel_dir`` (at most ``seconds`` per task, the
-    default candidate always); also written to its measurements file."""
+    default candidate always; CPU candidates of a task interleaved, :func:`_time_cpu`); also written
+    to its measurements file."""
     root = Path(kernel_dir)
     try:
         entries = json.loads((root / MANIFEST).read_text())
@@ -225,24 +243,33 @@ def measure(kernel_dir: str | Path, seconds: float | None = None, progress=None)
             f"{root / MANIFEST}: no readable tune manifest ({e}); run `mxgemm tune --build-only`"
         ) from e
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    records = []
-    started: dict[Task, float] = {}
+    by_task: dict[Task, list[dict]] = {}
     for e in entries:
-        task = Task(**e["task"])
-        t0 = started.setdefault(task, time.perf_counter())
-        if seconds is not None and time.perf_counter() - t0 > seconds:
-            continue
-        if not task.arch.startswith("llvm") and not torch.cuda.is_available():
+        by_task.setdefault(Task(**e["task"]), []).append(e)
+    records = []
+    for task, group in by_task.items():
+        cpu = task.arch.startswith("llvm")
+        if not cpu and not torch.cuda.is_available():
             raise TuneError(f"{task.arch} kernels need a CUDA GPU to measure")
-        path = Path(e["path"]) if Path(e["path"]).is_absolute() else root / e["path"]
-        kernel = builder.Kernel(task.spec(), path, {"rule": e["rule"], "hints": e["hints"]})
-        us = _time(kernel, task)
-        rec = tunelog.Record(
-            **asdict(task), rule=e["rule"], config=e["hints"], us=us, gpu=gpu, versions=e["versions"]
-        )
-        records.append(rec)
-        if progress:
-            progress(rec)
+        kernels = []
+        for e in group:
+            path = Path(e["path"]) if Path(e["path"]).is_absolute() else root / e["path"]
+            kernels.append(builder.Kernel(task.spec(), path, {"rule": e["rule"], "hints": e["hints"]}))
+        if cpu:
+            timed = list(zip(group, _time_cpu(kernels, task, seconds), strict=True))
+        else:
+            timed, t0 = [], time.perf_counter()
+            for e, kernel in zip(group, kernels, strict=True):
+                if timed and seconds is not None and time.perf_counter() - t0 > seconds:
+                    break
+                timed.append((e, _time(kernel, task)))
+        for e, us in timed:
+            rec = tunelog.Record(
+                **asdict(task), rule=e["rule"], config=e["hints"], us=us, gpu=gpu, versions=e["versions"]
+            )
+            records.append(rec)
+            if progress:
+                progress(rec)
     with open(root / MEASUREMENTS, "w") as f:
         f.writelines(json.dumps(asdict(r), sort_keys=True) + "\n" for r in records)
     return records

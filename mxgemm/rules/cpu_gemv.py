@@ -74,13 +74,13 @@ class CpuGemv(Rule):
         return [h for h in (Hints(v, r) for v in LANES for r in ROWS) if fits(h, spec.n, spec.k, f)]
 
     def cost(self, spec: Any, h: Hints) -> float:
-        """16 lanes, and the output rows of a task interleaved in the K loop: 8 at M=1, 4 at M=4 (8 or
-        16 independent accumulator chains; A loaded once for all of them). 2-core Zen 5, 4096², bf16
-        activations, weights in L3 (2026-11-24): mxfp4 M=1 0.35 ms at (16 lanes, 8 rows), 0.41 at 4
-        rows, 0.70 at 16, 0.61–1.6 with 8 or 32 lanes; M=4 0.56 ms at (16, 4), 0.66 at 2 rows, 4.1 at
-        (8, 8); the rows in sequence (no interleave) took 0.72 and 1.13 ms. Codes in several planes
-        (3/5/6/7 bits) read bytes with a stride, lane by lane: one row at a time is faster there
-        (M=1: mxfp6_e2m3 3.3 ms against 3.9 at 8 rows, bfp5 1.6 against 2.8)."""
+        """16 lanes, and the output rows of a task interleaved in the K loop: 8 at M=1, 4 at M=4.
+        Measured on a 2-core Zen 5 (2026-11-24, 4096², bf16 activations; every call on the least
+        recently read of 8 weight copies, as a model's layers come from DRAM; the hint sets' calls
+        interleaved; median µs): mxfp4 M=1 636–847 at 8 rows, 836–991 at 4, 1005–1146 at 2, 958–1151
+        at 1 (two orders); M=4 1141 at 4 rows, 1454 at 2, 1636 at 1, 2930 at 8 (its 32 accumulators
+        spill); mxfp8_e4m3 M=1 1088–1282 at every row count (bound by DRAM), M=4 1190 / 1418 / 1786
+        at 4 / 2 / 1. 8 or 32 lanes were slower (0.61–1.6 ms against 0.35 at M=1 in L3)."""
         planes = len(plane_widths(formats.get(spec.fmt).bits))
         rows = PREFERRED_ROWS.get(spec.m_bucket, 4) if planes == 1 else 1
         return (1.0 if h.lanes == 16 else 1.1) * (1.0 if h.rows == rows else 1.05)
