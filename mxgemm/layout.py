@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mxgemm import packing
+from mxgemm import formats, packing
 
 if TYPE_CHECKING:  # pragma: no cover
     from mxgemm.weight import MxWeight
@@ -61,12 +61,28 @@ def transform_weight(q: MxWeight, kernel: object = None) -> list[torch.Tensor]:
 
     Args:
         q: 2-D `MxWeight` ``[n, k]`` in the portable layout.
-        kernel: the kernel the weight is for (a :class:`mxgemm.codegen.build.Kernel`); every kernel
-            today reads the planes of :func:`to_planes`.
+        kernel: the kernel the weight is for (a :class:`mxgemm.codegen.build.Kernel`): the CPU
+            kernels of rules ``cpu_gemv`` and ``cpu_dequant`` read 3/5/6/7-bit codes from the planes
+            of :func:`cpu_planes` (:func:`kernel_lanes`), every other kernel those of :func:`to_planes`.
     Returns:
         ``[plane_0, ..., scales]``: uint8 ``[n, k*w/8]`` per plane width ``w``, uint8 ``[n, k/block]``.
     """
-    return [*to_planes(q.blocks, q.format.bits), q.scales]
+    lanes = kernel_lanes(kernel)
+    bits = q.format.bits
+    planes = to_planes(q.blocks, bits) if lanes is None else cpu_planes(q.blocks, bits, lanes)
+    return [*planes, q.scales]
+
+
+def kernel_lanes(kernel: object) -> int | None:
+    """The lane count of the CPU plane order (:func:`cpu_planes`) that ``kernel`` reads its planes
+    in, None for the order of :func:`to_planes` (GPU kernels, the dynamic-M CPU kernel, None)."""
+    rule = getattr(kernel, "rule", None)
+    if rule == "cpu_gemv":
+        return kernel.info["hints"]["lanes"]
+    if rule == "cpu_dequant":
+        spec = kernel.spec
+        return cpu_group(formats.get(spec.fmt).bits, spec.block_size)[2]
+    return None
 
 
 CPU_LANES = 32  # codes of one byte-vector load in the CPU decode, at most
@@ -89,3 +105,39 @@ def k_permuted(x: torch.Tensor, bits: int, block_size: int) -> torch.Tensor:
     group, per, lanes = cpu_group(bits, block_size)
     k = x.shape[-1]
     return x.reshape(*x.shape[:-1], k // group, lanes, per).transpose(-1, -2).reshape(x.shape).contiguous()
+
+
+def cpu_position(k, bits: int, lanes: int, width: int):
+    """Where element ``k`` (an int, a tensor or a TIR expression) of a ``width``-bit plane sits in the
+    CPU plane order (:func:`cpu_planes`) for ``bits``-wide codes read ``lanes`` at a time: with
+    ``per`` codes a byte of the narrowest plane, ``q = 8 / width`` of this one, ``G = lanes · per``
+    and ``k = g·G + l·per + p`` (``l < lanes``, ``p < per``), position ``g·G + (p // q)·lanes·q + l·q
+    + p % q``. The byte a lane reads at unrolled step ``p`` is then ``g·G/q + (p // q)·lanes + l``,
+    consecutive over ``l``, at a constant shift. The narrowest plane keeps its order (``q = per``)."""
+    per = 8 // min(plane_widths(bits))
+    q = 8 // width
+    if q == per:
+        return k
+    group = lanes * per
+    r = k % group
+    p = r % per
+    return k - r + (p // q) * (lanes * q) + (r // per) * q + p % q
+
+
+def cpu_planes(blocks: torch.Tensor, bits: int, lanes: int) -> list[torch.Tensor]:
+    """The code planes of portable ``blocks`` (uint8 ``[..., K*bits/8]``) in the CPU kernels' order
+    for ``lanes`` (:func:`cpu_position`; K a multiple of ``lanes · per``): what their reads of 3/5/6/7-bit
+    codes take, one contiguous byte vector per plane and step. 8/4/2/1-bit codes: ``[blocks]``."""
+    widths = plane_widths(bits)
+    if len(widths) == 1:
+        return [blocks]
+    codes = packing.unpack(blocks, bits)
+    k = torch.arange(codes.shape[-1])
+    planes, off = [], 0
+    for w in widths:
+        part = (codes >> off) & (2**w - 1)
+        moved = torch.empty_like(part)
+        moved[..., cpu_position(k, bits, lanes, w)] = part
+        planes.append(packing.pack(moved, w))
+        off += w
+    return planes

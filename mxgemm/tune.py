@@ -185,6 +185,8 @@ def _inputs(task: Task, device: torch.device, copies: int):
     q = quantize(
         torch.randn(task.n, task.k, generator=g, device=device) * 0.02, task.fmt, block_size=task.block_size
     )
+    # the planes in to_planes' order: CPU candidates may read another order (their lane count), the
+    # same bytes in the same pattern, so their timing is unchanged (tuning compares no values)
     weights = [[t.clone() for t in transform_weight(q)] for _ in range(copies)]
     m = task.m_bucket or 64
     x = torch.randn(m, task.k, generator=g, device=device).to(getattr(torch, task.a_dtype))

@@ -130,7 +130,7 @@ def test_cpu_gemv_decodes_every_code_and_scale_bit_exactly(fmt, bucket):
     q = MxWeight(packing.pack(codes, f.bits), scales, fmt, 32, (n, k))
     kernel = mxgemm.build(fmt, n=n, k=k, m_bucket=bucket, a_dtype="bfloat16", target="llvm")
     assert kernel.rule == "cpu_gemv"
-    planes, w = mxgemm.layout.transform_weight(q), mxgemm.dequantize(q)
+    planes, w = mxgemm.layout.transform_weight(q, kernel), mxgemm.dequantize(q)
     y = torch.empty(bucket, n, dtype=torch.bfloat16)
     for col in range(0, k, bucket):
         x = torch.zeros(bucket, k, dtype=torch.bfloat16)
@@ -292,7 +292,7 @@ def test_cpu_decode_kernel_writes_every_code_and_scale_exactly(fmt, out):
     assert kernel.rule == "cpu_dequant"
     _, per, lanes = layout.cpu_group(f.bits, 32)
     w = torch.empty(n, k // (per * lanes), per, lanes, dtype=getattr(torch, out))
-    kernel(*ops._planes(q.blocks, f.bits), q.scales, w)
+    kernel(*mxgemm.layout.transform_weight(q, kernel), w)
     want = layout.k_permuted(mxgemm.dequantize(q).to(w.dtype), f.bits, 32)
     assert torch.equal(w.view(n, k), want), fmt
 

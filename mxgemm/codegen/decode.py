@@ -10,7 +10,7 @@ from tvm import te, tirx
 from tvm.ir import Expr as PrimExpr
 
 from mxgemm.formats import Format
-from mxgemm.layout import plane_widths
+from mxgemm.layout import cpu_position, plane_widths
 
 U32 = "uint32"
 
@@ -28,12 +28,16 @@ def _read(plane: te.Tensor, row: PrimExpr, k: PrimExpr, width: int) -> PrimExpr:
     return (u32(plane[row, k // per]) >> u32((k % per) * width)) & u32(2**width - 1)
 
 
-def extract_code(planes: list[te.Tensor], row: PrimExpr, k: PrimExpr, bits: int) -> PrimExpr:
+def extract_code(
+    planes: list[te.Tensor], row: PrimExpr, k: PrimExpr, bits: int, cpu_lanes: int | None = None
+) -> PrimExpr:
     """The ``bits``-wide code of element ``k`` of ``row``, from its bit planes (:mod:`mxgemm.layout`):
-    one aligned sub-byte read per plane, low bits first."""
+    one aligned sub-byte read per plane, low bits first. ``cpu_lanes``: the planes are in the CPU
+    order for that many lanes (:func:`mxgemm.layout.cpu_planes`)."""
     code, off = None, 0
     for plane, width in zip(planes, plane_widths(bits), strict=True):
-        part = _read(plane, row, k, width)
+        at = k if cpu_lanes is None else cpu_position(k, bits, cpu_lanes, width)
+        part = _read(plane, row, at, width)
         part = part << u32(off) if off else part
         code = part if code is None else code | part
         off += width
@@ -98,13 +102,15 @@ def nan_scales(word: PrimExpr) -> PrimExpr:
     return (u32(0xFEFEFEFE) - word) & word & u32(0x80808080)
 
 
-def top_aligned_code(planes: list[te.Tensor], row: PrimExpr, k: PrimExpr, bits: int) -> PrimExpr:
+def top_aligned_code(
+    planes: list[te.Tensor], row: PrimExpr, k: PrimExpr, bits: int, cpu_lanes: int | None = None
+) -> PrimExpr:
     """uint32 holding the ``bits``-wide code of element ``k`` of ``row`` in its top bits (the bits
     below it are garbage: whatever else the byte held). For a single plane this is ONE shift of the
     byte (a constant shift where ``k % (8 / bits)`` is an unrolled loop's constant)."""
     widths = plane_widths(bits)
     if len(widths) > 1:
-        return extract_code(planes, row, k, bits) << u32(32 - bits)
+        return extract_code(planes, row, k, bits, cpu_lanes) << u32(32 - bits)
     per = 8 // bits
     return u32(planes[0][row, k // per]) << (u32(32 - bits) - u32(k % per) * u32(bits))
 
@@ -137,15 +143,17 @@ def weight_expr(
     block_size: int,
     dtype: str,
     form: str = "bits",
+    cpu_lanes: int | None = None,
 ) -> PrimExpr:
     """Decoded weight ``W[row, k]`` in ``dtype``: element × block scale, computed in float32.
     ``form``: ``"bits"`` (:func:`element_expr`, what the GPU kernels use) or ``"sar"``
-    (:func:`element_expr_sar`, fewer vector ops on CPUs; the same values)."""
+    (:func:`element_expr_sar`, fewer vector ops on CPUs; the same values). ``cpu_lanes``: multi-plane
+    codes come in the CPU plane order for that many lanes (:func:`mxgemm.layout.cpu_planes`)."""
     scale = scale_expr(scales[row, k // block_size])
     if form == "sar":
-        value = element_expr_sar(fmt, top_aligned_code(planes, row, k, fmt.bits))
+        value = element_expr_sar(fmt, top_aligned_code(planes, row, k, fmt.bits, cpu_lanes))
         step = tirx.const(fmt.min_subnormal, "float32")
         value = value * (scale * step) if fmt.kind == "int" else value * scale
     else:
-        value = element_expr(fmt, extract_code(planes, row, k, fmt.bits)) * scale
+        value = element_expr(fmt, extract_code(planes, row, k, fmt.bits, cpu_lanes)) * scale
     return value if dtype == "float32" else tirx.Cast(dtype, value)

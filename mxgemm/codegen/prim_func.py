@@ -23,6 +23,7 @@ def prim_func(
     decode_dtype: str | None = None,
     decode_form: str = "bits",
     a_stage: bool = False,
+    cpu_lanes: int | None = None,
 ) -> tirx.PrimFunc:
     """``Y[m, n] = cast(sum_k A[m, k] * W[n, k]) (+ Bias[n])`` with ``W`` decoded from MX/BFP codes.
 
@@ -38,7 +39,8 @@ def prim_func(
     ``matmul`` (fp32 accumulation), ``epilogue`` (cast, bias). ``decode_form``: the decode
     expression (:func:`mxgemm.codegen.decode.weight_expr`'s ``form``: ``"bits"`` or ``"sar"``, the
     same values). ``a_stage``: A converted to float32 in a block of its own, ``a_f32`` (the CPU GEMV
-    computes it once per call instead of once per output row).
+    computes it once per call instead of once per output row). ``cpu_lanes``: 3/5/6/7-bit codes'
+    planes come in the CPU order for that many lanes (:func:`mxgemm.layout.cpu_planes`).
     """
     f = formats.get(fmt)
     bs = formats.check_block_size(block_size, f)
@@ -53,7 +55,7 @@ def prim_func(
 
     mm = te.var("m", "int64") if m is None else m
     a = te.placeholder((mm, k), a_dtype, name="A")
-    b, s, w = _decoded_weight(f, n, k, bs, decode_dtype, decode_form)
+    b, s, w = _decoded_weight(f, n, k, bs, decode_dtype, decode_form, cpu_lanes)
     r = te.reduce_axis((0, k), name="k")
     a_in = te.compute((mm, k), lambda i, c: tirx.Cast("float32", a[i, c]), name="a_f32") if a_stage else a
     acc = te.compute(
@@ -78,7 +80,9 @@ def prim_func(
     return func.with_attr("global_symbol", "main")
 
 
-def _decoded_weight(f: formats.Format, n: int, k: int, bs: int, dtype: str, form: str = "bits"):
+def _decoded_weight(
+    f: formats.Format, n: int, k: int, bs: int, dtype: str, form: str = "bits", cpu_lanes: int | None = None
+):
     """Placeholders of the code planes and scales, and the ``decode`` compute ``[n, k]`` of ``dtype``."""
     widths = plane_widths(f.bits)
     names = ["B"] if len(widths) == 1 else [f"B{i}" for i in range(len(widths))]
@@ -87,23 +91,29 @@ def _decoded_weight(f: formats.Format, n: int, k: int, bs: int, dtype: str, form
         for nm, w in zip(names, widths, strict=True)
     ]
     s = te.placeholder((n, k // bs), "uint8", name="S")
-    w = te.compute((n, k), lambda i, j: weight_expr(f, b, s, i, j, bs, dtype, form), name="decode")
+    w = te.compute((n, k), lambda i, j: weight_expr(f, b, s, i, j, bs, dtype, form, cpu_lanes), name="decode")
     return b, s, w
 
 
 def decode_func(
-    fmt: str | formats.Format, *, n: int, k: int, dtype: str = "float16", block_size: int | None = None
+    fmt: str | formats.Format,
+    *,
+    n: int,
+    k: int,
+    dtype: str = "float16",
+    block_size: int | None = None,
+    cpu_lanes: int | None = None,
 ):
     """``W[n, k] = dequantize(codes, scales)`` in ``dtype`` as a PrimFunc (one block, ``decode``).
 
     Arguments: the code planes ``B``/``B0..`` and ``S`` exactly as in :func:`prim_func`, then
     ``W``: ``dtype [n, k]`` (``"float16"``, ``"bfloat16"`` or ``"float32"``). The many-row paths run
-    it and then cuBLAS (CUDA) or torch's GEMM (CPU).
+    it and then cuBLAS (CUDA) or torch's GEMM (CPU). ``cpu_lanes`` as in :func:`prim_func`.
     """
     f = formats.get(fmt)
     bs = formats.check_block_size(block_size, f)
     dtype = "float32" if str(dtype).removeprefix("torch.") == "float32" else dtype_name(dtype, "dtype")
     check_shape(n, k, bs)
-    b, s, w = _decoded_weight(f, n, k, bs, dtype)
+    b, s, w = _decoded_weight(f, n, k, bs, dtype, cpu_lanes=cpu_lanes)
     func = te.create_prim_func([*b, s, w], index_dtype_override="int64" if n * k >= 2**31 else None)
     return func.with_attr("global_symbol", "main")

@@ -35,12 +35,19 @@ class CpuDequant(Rule):
         return spec.target["kind"] == "llvm" and spec.op == "decode" and spec.k % group == 0
 
     def apply(self, spec: Any, make: Any, hints: Any = None) -> Scheduled | None:
-        """Schedules ``make(None)`` (W in ``spec.out_dtype``, the permuted K order of the module
-        docstring: the function's W argument is ``[n, k / group, per, lanes]``)."""
+        """Schedules the spec's decode_func (W in ``spec.out_dtype``, the permuted K order of the
+        module docstring: the function's W argument is ``[n, k / group, per, lanes]``; 3/5/6/7-bit
+        codes read from planes in the CPU order for ``lanes``, :func:`mxgemm.layout.cpu_planes`)."""
         if not self.applies(spec):
             return None
         group, per, lanes = cpu_group(formats.get(spec.fmt).bits, spec.block_size)
-        sch = s_tir.Schedule(make(None))
+        from mxgemm.codegen.prim_func import decode_func
+
+        del make  # it reads the planes in the portable order
+        func = decode_func(
+            spec.fmt, n=spec.n, k=spec.k, dtype=spec.out_dtype, block_size=spec.block_size, cpu_lanes=lanes
+        )
+        sch = s_tir.Schedule(func)
         dec = sch.get_sblock("decode")
         i, j = sch.get_loops(dec)
         rows = next(r for r in (ROWS, 8, 4, 2, 1) if spec.n % r == 0)

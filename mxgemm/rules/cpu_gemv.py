@@ -89,8 +89,10 @@ class CpuGemv(Rule):
         return cheapest(self, spec)
 
     def apply(self, spec: Any, make: Any, hints: Hints | None = None) -> Scheduled | None:
-        """Schedules the spec's prim_func with the ``"sar"`` decode (``make`` is not used: it builds
-        the ``"bits"`` form); None when the hints do not tile the shape."""
+        """Schedules the spec's prim_func with the ``"sar"`` decode, reading 3/5/6/7-bit codes from
+        planes in the CPU order for ``hints.lanes`` (:func:`mxgemm.layout.cpu_planes`; ``make`` is not
+        used: it builds the ``"bits"`` form in the portable order); None when the hints do not tile
+        the shape."""
         del make
         h = hints if hints is not None else self.default_hints(spec)
         fmt = formats.get(spec.fmt)
@@ -101,7 +103,7 @@ class CpuGemv(Rule):
         func = prim_func(
             spec.fmt, n=spec.n, k=spec.k, m=spec.m_bucket, a_dtype=spec.a_dtype, out_dtype=spec.out_dtype,
             bias=spec.bias, block_size=spec.block_size, decode_dtype="float32", decode_form="sar",
-            a_stage=True,
+            a_stage=True, cpu_lanes=h.lanes,
         )  # fmt: skip
         return Scheduled(self.name, _schedule(func, h, _per(fmt)), h)
 
