@@ -1,12 +1,13 @@
 """CPU rule for a few rows of activations (M buckets 1 and 4): a GEMV that reads each weight byte
-once, decodes in vector registers and accumulates in fp32 vectors, parallel over output rows.
+once, decodes in vector registers and accumulates in fp32 vectors, parallel over output rows (small
+layers on the calling thread: ``Hints.parallel``).
 
 The decode is :func:`mxgemm.codegen.decode.weight_expr`'s ``"sar"`` form (one shift to put the code
 at the top of a 32-bit lane, one arithmetic shift and one AND to place sign and exponent/mantissa
 bits, the exact float32 multiply(s)), inlined into the multiply-add. K is walked in groups of
 ``lanes × per`` codes (``per`` codes a byte of the narrowest plane): the ``lanes`` bytes of a group are
 one contiguous vector load, each of their ``per`` codes one unrolled step whose shift is a constant.
-Inside a step, the ``rows`` outputs of a parallel task and the rows of the bucket are unrolled loops:
+Inside a step, the ``rows`` outputs of a task and the rows of the bucket are unrolled loops:
 each output's decoded vector feeds one multiply-add per row (LLVM keeps one copy of the decode), each
 activation vector is loaded once for all outputs, and the ``rows × M`` accumulators are independent
 chains. The reduction over K is therefore in a permuted order; the activations are converted to fp32
@@ -30,17 +31,20 @@ from mxgemm.rules.base import Rule, Scheduled, cheapest
 LANES = (16, 8, 32)  # fp32 lanes of the accumulator (AVX2 registers hold 8; LLVM splits wider vectors)
 ROWS = (8, 16, 4, 2, 1)
 PREFERRED_ROWS = {1: 8, 4: 4}  # by M bucket (measured: :meth:`CpuGemv.cost`)
+SERIAL_MAX_WEIGHTS = 1 << 20  # layers this small run on the calling thread by default
 
 
 @dataclass(frozen=True)
 class Hints:
-    """lanes: codes of one plane byte-vector (fp32 accumulator width); rows: output rows per task."""
+    """lanes: codes of one plane byte-vector (fp32 accumulator width); rows: output rows per task;
+    parallel: 1 to spread the tasks over TVM's thread pool, 0 to run them on the calling thread."""
 
     lanes: int = 16
     rows: int = 8
+    parallel: int = 1
 
     def __post_init__(self) -> None:
-        if self.lanes not in LANES or self.rows not in ROWS:
+        if self.lanes not in LANES or self.rows not in ROWS or self.parallel not in (0, 1):
             raise ValueError(f"cpu_gemv hints out of range: {self}")
 
     def to_dict(self) -> dict[str, int]:
@@ -71,7 +75,8 @@ class CpuGemv(Rule):
         if not self._serves(spec):
             return []
         f = formats.get(spec.fmt)
-        return [h for h in (Hints(v, r) for v in LANES for r in ROWS) if fits(h, spec.n, spec.k, f)]
+        every = (Hints(v, r, p) for p in (1, 0) for v in LANES for r in ROWS)
+        return [h for h in every if fits(h, spec.n, spec.k, f)]
 
     def cost(self, spec: Any, h: Hints) -> float:
         """16 lanes, and the output rows of a task interleaved in the K loop: 8 at M=1, 4 at M=4.
@@ -80,10 +85,19 @@ class CpuGemv(Rule):
         interleaved; median µs): mxfp4 M=1 636–847 at 8 rows, 836–991 at 4, 1005–1146 at 2, 958–1151
         at 1 (two orders); M=4 1141 at 4 rows, 1454 at 2, 1636 at 1, 2930 at 8 (its 32 accumulators
         spill); mxfp8_e4m3 M=1 1088–1282 at every row count (bound by DRAM), M=4 1190 / 1418 / 1786
-        at 4 / 2 / 1. 8 or 32 lanes were slower (0.61–1.6 ms against 0.35 at M=1 in L3)."""
+        at 4 / 2 / 1. 8 or 32 lanes were slower (0.61–1.6 ms against 0.35 at M=1 in L3). Layers of
+        up to :data:`SERIAL_MAX_WEIGHTS` weights run on the calling thread: waking TVM's pool after
+        a torch op costs more than the work (mxfp4, M=1, each call after a LayerNorm, µs: 576×576
+        67 serial against 88 parallel, 1536×576 101 / 136, 576×1536 99 / 128, but 4096×1024 261 /
+        197)."""
         planes = len(plane_widths(formats.get(spec.fmt).bits))
         rows = PREFERRED_ROWS.get(spec.m_bucket, 4) if planes == 1 else 1
-        return (1.0 if h.lanes == 16 else 1.1) * (1.0 if h.rows == rows else 1.05)
+        serial = spec.n * spec.k <= SERIAL_MAX_WEIGHTS
+        return (
+            (1.0 if h.lanes == 16 else 1.1)
+            * (1.0 if h.rows == rows else 1.05)
+            * (1.0 if h.parallel != serial else 1.2)
+        )
 
     def default_hints(self, spec: Any) -> Hints | None:
         return cheapest(self, spec)
@@ -123,7 +137,8 @@ def _schedule(func: Any, h: Hints, per: int) -> Any:
     sch.reorder(jo, g, kn, ji, i, kv)
     rf = sch.rfactor(kv, 0)
     jo, g, kn, ji, i, kv = sch.get_loops(rf)
-    sch.parallel(jo)
+    if h.parallel:
+        sch.parallel(jo)
     sch.reverse_compute_at(mm, jo)
     sch.reverse_compute_at(epi, jo)
     sch.unroll(ji)
