@@ -31,7 +31,7 @@ from mxgemm.rules.base import Rule, Scheduled, cheapest
 LANES = (16, 8, 32)  # fp32 lanes of the accumulator (AVX2 registers hold 8; LLVM splits wider vectors)
 ROWS = (8, 16, 4, 2, 1)
 PREFERRED_ROWS = {1: 8, 4: 4}  # by M bucket (measured: :meth:`CpuGemv.cost`)
-SERIAL_MAX_WEIGHTS = 1 << 20  # layers this small run on the calling thread by default
+SERIAL_MAX_WEIGHTS = 1 << 19  # layers this small run on the calling thread by default
 
 
 @dataclass(frozen=True)
@@ -86,10 +86,10 @@ class CpuGemv(Rule):
         at 1 (two orders); M=4 1141 at 4 rows, 1454 at 2, 1636 at 1, 2930 at 8 (its 32 accumulators
         spill); mxfp8_e4m3 M=1 1088–1282 at every row count (bound by DRAM), M=4 1190 / 1418 / 1786
         at 4 / 2 / 1. 8 or 32 lanes were slower (0.61–1.6 ms against 0.35 at M=1 in L3). Layers of
-        up to :data:`SERIAL_MAX_WEIGHTS` weights run on the calling thread: waking TVM's pool after
-        a torch op costs more than the work (mxfp4, M=1, each call after a LayerNorm, µs: 576×576
-        67 serial against 88 parallel, 1536×576 101 / 136, 576×1536 99 / 128, but 4096×1024 261 /
-        197)."""
+        up to :data:`SERIAL_MAX_WEIGHTS` weights run on the calling thread: waking TVM's pool costs
+        about what their work does (mxfp4, M=1, under ``torch.no_grad``, each call right after a
+        LayerNorm, two runs, µs: 576×576 23.6–27.9 serial against 26.6–28.2 parallel; 1536×576
+        55.7–78.3 / 49.1–49.2; 576×1536 41.9–74.3 / 36.6–38.5; 4096×1024 202–276 / 123–128)."""
         planes = len(plane_widths(formats.get(spec.fmt).bits))
         rows = PREFERRED_ROWS.get(spec.m_bucket, 4) if planes == 1 else 1
         serial = spec.n * spec.k <= SERIAL_MAX_WEIGHTS
