@@ -298,6 +298,15 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def speedup_axes(ax: Any, n: int, k: int) -> None:
+    """A panel of speedup over M for the ``[n, k]`` shape: log2 axes and the 1x line."""
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.axhline(1, color="k", lw=0.8)
+    ax.set_title(f"N={n} K={k}")
+    ax.set_xlabel("M")
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     """Speedup vs cuBLAS fp16 over M, one panel per shape, one line per mxgemm format, with the
     memory roofline of each format (the bytes ratio) where the GEMM is memory-bound."""
@@ -322,11 +331,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
             if meth == "mxgemm":
                 r0 = next(r for r in rows if (r["n"], r["k"], r["method"], r["fmt"]) == (n, k, meth, fmt))
                 ax.axhline(n * k * 2 / r0["weight_bytes"], color=line.get_color(), ls=":", lw=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log", base=2)
-        ax.axhline(1, color="k", lw=0.8)
-        ax.set_title(f"N={n} K={k}")
-        ax.set_xlabel("M")
+        speedup_axes(ax, n, k)
     axes[0][0].set_ylabel("speedup vs cuBLAS fp16 (dotted: bytes roofline)")
     axes[0][-1].legend(fontsize=6)
     fig.suptitle(f"mxgemm {result['a_dtype']} on {result['gpu']} ({result['date']}, {result['commit']})")

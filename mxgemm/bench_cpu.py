@@ -199,6 +199,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from mxgemm.bench import speedup_axes
+
     rows = result["rows"]
     shapes = list(dict.fromkeys((r["n"], r["k"]) for r in rows))
     fig, axes = plt.subplots(1, len(shapes), figsize=(4.6 * len(shapes), 3.8), squeeze=False)
@@ -208,11 +210,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 (r["m"], r["vs_bf16"]) for r in rows if (r["n"], r["k"], r["method"]) == (n, k, meth)
             )
             ax.plot(*zip(*pts, strict=True), marker="o", ms=3, label=meth)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log", base=2)
-        ax.axhline(1, color="k", lw=0.8)
-        ax.set_title(f"N={n} K={k}")
-        ax.set_xlabel("M")
+        speedup_axes(ax, n, k)
     axes[0][0].set_ylabel("speedup vs torch bf16 F.linear")
     axes[0][-1].legend(fontsize=6)
     fig.suptitle(

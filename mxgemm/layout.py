@@ -88,12 +88,17 @@ def kernel_lanes(kernel: object) -> int | None:
 CPU_LANES = 32  # codes of one byte-vector load in the CPU decode, at most
 
 
+def codes_per_byte(bits: int) -> int:
+    """Codes a byte of the narrowest plane of ``bits``-wide codes holds (the CPU kernels' ``per``)."""
+    return 8 // min(plane_widths(bits))
+
+
 def cpu_group(bits: int, block_size: int) -> tuple[int, int, int]:
     """(group, per, lanes) of the CPU decode's K order for ``bits``-wide codes in blocks of
     ``block_size``: ``per`` codes a byte of the narrowest plane, ``lanes`` codes a byte-vector load
     (up to :data:`CPU_LANES`, and few enough that one vector holds one block's codes: its scale is one
     broadcast), ``group = lanes * per`` consecutive K elements permuted together (:func:`k_permuted`)."""
-    per = 8 // min(plane_widths(bits))
+    per = codes_per_byte(bits)
     lanes = max(1, min(CPU_LANES, block_size // per))
     return lanes * per, per, lanes
 
@@ -114,7 +119,7 @@ def cpu_position(k, bits: int, lanes: int, width: int):
     and ``k = g·G + l·per + p`` (``l < lanes``, ``p < per``), position ``g·G + (p // q)·lanes·q + l·q
     + p % q``. The byte a lane reads at unrolled step ``p`` is then ``g·G/q + (p // q)·lanes + l``,
     consecutive over ``l``, at a constant shift. The narrowest plane keeps its order (``q = per``)."""
-    per = 8 // min(plane_widths(bits))
+    per = codes_per_byte(bits)
     q = 8 // width
     if q == per:
         return k

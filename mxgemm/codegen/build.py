@@ -233,8 +233,8 @@ def build(
     bs = formats.check_block_size(block_size, f)
     tgt = targets.resolve(target)
     a = dtype_name(a_dtype, "a_dtype")
-    wide = op == "decode" and not targets.is_cuda(tgt) and str(out_dtype).removeprefix("torch.") == "float32"
-    o = "float32" if wide else dtype_name(out_dtype, "out_dtype") if out_dtype is not None else a
+    wide = ("float32",) if op == "decode" and not targets.is_cuda(tgt) else ()  # a CPU decode may write fp32
+    o = dtype_name(out_dtype, "out_dtype", wide) if out_dtype is not None else a
     if m_bucket not in M_BUCKETS:
         raise ValueError(f"m_bucket must be one of {M_BUCKETS}, got {m_bucket!r}")
     if op not in OPS:

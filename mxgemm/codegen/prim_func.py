@@ -112,7 +112,7 @@ def decode_func(
     """
     f = formats.get(fmt)
     bs = formats.check_block_size(block_size, f)
-    dtype = "float32" if str(dtype).removeprefix("torch.") == "float32" else dtype_name(dtype, "dtype")
+    dtype = dtype_name(dtype, "dtype", ("float32",))
     check_shape(n, k, bs)
     b, s, w = _decoded_weight(f, n, k, bs, dtype, cpu_lanes=cpu_lanes)
     func = te.create_prim_func([*b, s, w], index_dtype_override="int64" if n * k >= 2**31 else None)

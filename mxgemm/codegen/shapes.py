@@ -19,9 +19,10 @@ def check_shape(n: int, k: int, block_size: int) -> None:
         raise ValueError(f"k={k} is not a multiple of block_size={block_size}")
 
 
-def dtype_name(dt: Any, arg: str) -> str:
-    """``"float16"`` / ``"bfloat16"`` from that name or the torch dtype; ValueError naming ``arg``."""
+def dtype_name(dt: Any, arg: str, extra: tuple[str, ...] = ()) -> str:
+    """``"float16"`` / ``"bfloat16"`` (or one of ``extra``) from that name or the torch dtype;
+    ValueError naming ``arg``."""
     name = str(dt).removeprefix("torch.")
-    if name not in A_DTYPES:
-        raise ValueError(f"{arg} must be one of {A_DTYPES}, got {dt!r}")
+    if name not in (*A_DTYPES, *extra):
+        raise ValueError(f"{arg} must be one of {(*A_DTYPES, *extra)}, got {dt!r}")
     return name

@@ -25,7 +25,7 @@ from tvm import s_tir
 
 from mxgemm import formats
 from mxgemm.codegen.shapes import CPU_M_BUCKETS
-from mxgemm.layout import plane_widths
+from mxgemm.layout import codes_per_byte, plane_widths
 from mxgemm.rules.base import Rule, Scheduled, cheapest
 
 LANES = (16, 8, 32)  # fp32 lanes of the accumulator (AVX2 registers hold 8; LLVM splits wider vectors)
@@ -51,14 +51,9 @@ class Hints:
         return asdict(self)
 
 
-def _per(fmt: formats.Format) -> int:
-    """Codes per byte of the narrowest plane."""
-    return 8 // min(plane_widths(fmt.bits))
-
-
 def fits(h: Hints, n: int, k: int, fmt: formats.Format) -> bool:
     """Whether ``h`` tiles an ``[n, k]`` weight: N a multiple of ``rows``, K of a group."""
-    return n % h.rows == 0 and k % (h.lanes * _per(fmt)) == 0
+    return n % h.rows == 0 and k % (h.lanes * codes_per_byte(fmt.bits)) == 0
 
 
 class CpuGemv(Rule):
@@ -119,7 +114,7 @@ class CpuGemv(Rule):
             bias=spec.bias, block_size=spec.block_size, decode_dtype="float32", decode_form="sar",
             a_stage=True, cpu_lanes=h.lanes,
         )  # fmt: skip
-        return Scheduled(self.name, _schedule(func, h, _per(fmt)), h)
+        return Scheduled(self.name, _schedule(func, h, codes_per_byte(fmt.bits)), h)
 
 
 RULE = CpuGemv()
