@@ -237,6 +237,7 @@ def load_quantized(model: nn.Module, path: str | Path, device: torch.device | st
                     a_dtype=config.a_dtype,
                     scale_mode=config.scale_mode,
                     rounding=config.rounding,
+                    activations=config.activations,
                 ),
             )
             if naming.foreign:

@@ -53,6 +53,16 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _activations(spec: str | None):
+    """``--activations FMT[:SCALE_MODE]`` → MxActConfig or None (ValueError names what is wrong)."""
+    from mxgemm.config import MxActConfig
+
+    if spec is None:
+        return None
+    fmt, _, scale_mode = spec.partition(":")
+    return MxActConfig(fmt, scale_mode=scale_mode or "floor")
+
+
 def _pack(args: argparse.Namespace) -> int:
     from mxgemm.config import MxConfig
     from mxgemm.pack import PackError, pack
@@ -66,6 +76,7 @@ def _pack(args: argparse.Namespace) -> int:
             a_dtype=args.a_dtype,
             modules_to_not_convert=[*MxConfig().modules_to_not_convert, *args.skip],
             seed=args.seed,
+            activations=_activations(args.activations),
         )
     except ValueError as e:
         print(f"mxgemm pack: error: {e}", file=sys.stderr)
@@ -304,6 +315,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed", type=int, default=None, help="random seed of --rounding stochastic (required there)"
     )
     k.add_argument("--a-dtype", default="bfloat16", choices=A_DTYPE_NAMES, help="activation dtype")
+    k.add_argument(
+        "--activations",
+        metavar="FMT[:SCALE_MODE]",
+        help="also quantize each layer's input on the fly to this format (blocks of 32 along K)",
+    )
     k.add_argument(
         "--skip",
         nargs="+",

@@ -17,6 +17,35 @@ A_DTYPES = {name: getattr(torch, name) for name in A_DTYPE_NAMES}
 
 
 @dataclass
+class MxActConfig:
+    """How activations are quantized on the fly (per block along K, before the matmul).
+
+    Attributes:
+        fmt: format name (``mxgemm.formats.names()``).
+        block_size: elements per scale along K; None → the format's default (32).
+        scale_mode: as for weights (:func:`mxgemm.quantize`).
+        rounding: a deterministic rounding (``stochastic`` would make inference draw random numbers).
+    """
+
+    fmt: str = "mxfp8_e4m3"
+    block_size: int | None = None
+    scale_mode: str = "floor"
+    rounding: str = "even"
+
+    def __post_init__(self) -> None:
+        f = formats.get(self.fmt)
+        self.block_size = formats.check_block_size(self.block_size, f)
+        scales.check_scale_mode(self.scale_mode)
+        allowed = tuple(r for r in ROUNDINGS if r != "stochastic")
+        if self.rounding not in allowed:
+            raise ValueError(f"activation rounding must be one of {allowed}, got {self.rounding!r}")
+
+    def kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`mxgemm.fake_quantize` / :func:`mxgemm.quantize`."""
+        return {"block_size": self.block_size, "scale_mode": self.scale_mode, "rounding": self.rounding}
+
+
+@dataclass
 class MxConfig:
     """Validated quantization settings.
 
@@ -27,6 +56,8 @@ class MxConfig:
         a_dtype: activation dtype the kernels run in, ``"float16"`` or ``"bfloat16"``.
         modules_to_not_convert: module names (or name suffixes) left in full precision.
         seed: random seed of ``rounding="stochastic"`` (required there; see :meth:`generator`).
+        activations: quantize each layer's input too (:class:`MxActConfig`, or its dict); None (the
+            default) keeps activations in ``a_dtype``.
     """
 
     fmt: str = "mxfp4"
@@ -36,6 +67,7 @@ class MxConfig:
     a_dtype: str = "bfloat16"
     modules_to_not_convert: list[str] = field(default_factory=lambda: ["lm_head"])
     seed: int | None = None
+    activations: MxActConfig | None = None
 
     def __post_init__(self) -> None:
         f = formats.get(self.fmt)
@@ -57,6 +89,10 @@ class MxConfig:
                 f"modules_to_not_convert must be a list of names, got {self.modules_to_not_convert!r}"
             )
         self.modules_to_not_convert = list(self.modules_to_not_convert)
+        if isinstance(self.activations, dict):
+            self.activations = MxActConfig(**self.activations)
+        elif self.activations is not None and not isinstance(self.activations, MxActConfig):
+            raise ValueError(f"activations must be an MxActConfig, a dict or None, got {self.activations!r}")
 
     @property
     def torch_a_dtype(self) -> torch.dtype:
@@ -94,5 +130,8 @@ class MxConfig:
                 f"quantization_config.layout_version is {d.get('layout_version')!r}; this mxgemm reads "
                 f"{LAYOUT_VERSION}: repack the model with this version"
             )
-        known = {"fmt", "block_size", "scale_mode", "rounding", "a_dtype", "modules_to_not_convert", "seed"}
+        known = {
+            "fmt", "block_size", "scale_mode", "rounding", "a_dtype", "modules_to_not_convert", "seed",
+            "activations",
+        }
         return cls(**{k: v for k, v in d.items() if k in known})

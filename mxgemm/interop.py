@@ -107,6 +107,11 @@ def compressed_tensors_config(config: MxConfig, ignore: list[str]) -> tuple[dict
             f"compressed-tensors stores {', '.join(CT_FORMATS_BY_FMT)} with blocks of {CT_GROUP}; "
             f"this model is {config.fmt} with blocks of {config.block_size}"
         )
+    if config.activations is not None:
+        raise InteropError(
+            "this model quantizes its activations (MxConfig.activations); mxgemm writes only "
+            "weight-only compressed-tensors checkpoints: save it in mxgemm's format"
+        )
     name = CT_FORMATS_BY_FMT[config.fmt]
     bits = CT_FORMATS[name][1]
     weights = {"num_bits": bits, "type": "float", "symmetric": True, "group_size": CT_GROUP}

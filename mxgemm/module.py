@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from mxgemm import formats, layout, ops, packing, system
-from mxgemm.config import MxConfig
+from mxgemm.config import MxActConfig, MxConfig
+from mxgemm.fake_quant import fake_quantize
 from mxgemm.reference import quantize
 from mxgemm.weight import MxWeight
 
@@ -28,6 +29,10 @@ class MxLinear(nn.Module):
     portable ``weight_blocks`` when the state dict is loaded or saved.
     ``forward`` accepts any float ``[..., in_features]``, computes in ``a_dtype`` (fp32 accumulation)
     and returns the input's dtype. CPU inputs run the LLVM kernel, CUDA inputs the CUDA kernel.
+    With ``activations`` (:class:`~mxgemm.config.MxActConfig`) the input is first quantized per block
+    along K and dequantized (:func:`mxgemm.fake_quantize`), so the layer computes
+    ``dequant(q(x)) @ dequant(q(W)).T`` with fp32 accumulation; the dequantized activations are exact
+    in bfloat16 for every format (in float16 while they stay within its normal range).
     """
 
     def __init__(
@@ -41,11 +46,19 @@ class MxLinear(nn.Module):
         a_dtype: torch.dtype | str = torch.float16,
         scale_mode: str = "floor",
         rounding: str = "even",
+        activations: MxActConfig | dict | None = None,
         device: torch.device | str | None = None,
     ):
         super().__init__()
         device = system.check_device(device)
-        cfg = MxConfig(fmt, block_size, scale_mode, rounding, str(a_dtype).removeprefix("torch."), [])
+        a_name = str(a_dtype).removeprefix("torch.")
+        cfg = MxConfig(fmt, block_size, scale_mode, rounding, a_name, [], activations=activations)
+        self.activations = cfg.activations
+        if self.activations is not None and in_features % self.activations.block_size:
+            raise ValueError(
+                f"MxLinear: in_features={in_features} is not a multiple of the activations' "
+                f"block_size={self.activations.block_size}"
+            )
         f = formats.get(fmt)
         if in_features % cfg.block_size:
             raise ValueError(
@@ -84,10 +97,12 @@ class MxLinear(nn.Module):
         a_dtype: torch.dtype | str = torch.float16,
         scale_mode: str = "floor",
         rounding: str = "even",
+        activations: MxActConfig | dict | None = None,
         generator: torch.Generator | None = None,
     ) -> MxLinear:
         """Quantize an ``nn.Linear``'s weight (reference quantization) into a new MxLinear on its device
-        (``generator``: the random source of ``rounding="stochastic"``, on that device)."""
+        (``generator``: the random source of ``rounding="stochastic"``, on that device; ``activations``:
+        see the class docstring)."""
         w = linear.weight.detach()
         m = cls(
             linear.in_features,
@@ -98,6 +113,7 @@ class MxLinear(nn.Module):
             a_dtype=a_dtype,
             scale_mode=scale_mode,
             rounding=rounding,
+            activations=activations,
             device=w.device,
         )
         q = quantize(
@@ -196,6 +212,8 @@ class MxLinear(nn.Module):
             raise TypeError(f"MxLinear: expected a floating-point input, got {x.dtype}")
         if x.shape[-1] != self.in_features:
             raise ValueError(f"MxLinear: expected input [..., {self.in_features}], got {list(x.shape)}")
+        if self.activations is not None:
+            x = fake_quantize(x, self.activations.fmt, **self.activations.kwargs())
         y = ops.dispatch(
             x if x.dtype is self.a_dtype else x.to(self.a_dtype),
             self.planes,
@@ -214,6 +232,7 @@ class MxLinear(nn.Module):
             f"bias={self.bias is not None}, "
             f"fmt={self.fmt}, block_size={self.block_size}, scale_mode={self.scale_mode}, "
             f"rounding={self.rounding}, a_dtype={str(self.a_dtype).removeprefix('torch.')}"
+            + ("" if self.activations is None else f", activations={self.activations}")
         )
 
 
@@ -261,6 +280,7 @@ def quantize_(
                     a_dtype=config.a_dtype,
                     scale_mode=config.scale_mode,
                     rounding=config.rounding,
+                    activations=config.activations,
                     generator=config.generator(f"{name}.weight", mod.weight.device),
                 )
             except ValueError as e:

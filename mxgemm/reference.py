@@ -144,10 +144,11 @@ def _least_squares_exponent(x: torch.Tensor, floor: torch.Tensor, f: formats.For
     return best
 
 
-def _quantize_blocks(
+def _grid_blocks(
     blocks: torch.Tensor, f: formats.Format, scale_mode: str, rounding: str, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[nblocks, bs]`` → (uint8 codes ``[nblocks, bs]``, uint8 E8M0 codes ``[nblocks]``)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``[nblocks, bs]`` → (float64 element values on ``f``'s grid ``[nblocks, bs]``, int32 shared
+    exponents ``[nblocks]``, bool ``[nblocks]`` whether the block is finite)."""
     x = blocks.to(torch.float64)
     amax = x.abs().amax(-1)
     finite = torch.isfinite(amax)
@@ -155,9 +156,52 @@ def _quantize_blocks(
     exp = scales.shared_exponents(torch.where(finite, amax, 0.0), f, scale_mode)
     if scale_mode == "mse":
         exp = _least_squares_exponent(x, exp, f)
-    q = round_to_grid(_scaled(x, exp), f, rounding, generator)
+    return round_to_grid(_scaled(x, exp), f, rounding, generator), exp, finite
+
+
+def _quantize_blocks(
+    blocks: torch.Tensor, f: formats.Format, scale_mode: str, rounding: str, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[nblocks, bs]`` → (uint8 codes ``[nblocks, bs]``, uint8 E8M0 codes ``[nblocks]``)."""
+    q, exp, finite = _grid_blocks(blocks, f, scale_mode, rounding, generator)
     scale_codes = torch.where(finite, exp + scales.E8M0_BIAS, scales.E8M0_NAN).to(torch.uint8)
     return f.encode(q), scale_codes
+
+
+def fake_quantize_values(
+    x: torch.Tensor,
+    fmt: str | formats.Format,
+    *,
+    block_size: int | None = None,
+    scale_mode: str = "floor",
+    rounding: str = "even",
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dequantize(quantize(x, ...), x.dtype)`` without the codes, and where each element saturated.
+
+    Args:
+        x: float32/float16/bfloat16/float64 ``[..., K]``, K a multiple of ``block_size``; blocks run
+            along the last axis. Other arguments as in :func:`quantize`.
+
+    Returns:
+        (values ``x.dtype`` ``[..., K]``, bool ``[..., K]`` True where ``|x| > max_normal * 2**s``,
+        the block's representable range, so the value was clamped; NaN-scale blocks count as inside).
+    """
+    f = formats.get(fmt)
+    bs = formats.check_block_size(block_size, f)
+    scales.check_scale_mode(scale_mode)
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+    _check(x, f, bs)
+    blocks = x.detach().reshape(-1, bs)
+    values, clamped = [], []
+    for chunk in blocks.split(_chunk_rows(blocks)):
+        q, exp, finite = _grid_blocks(chunk, f, scale_mode, rounding, generator)
+        v = torch.ldexp(q, exp.to(torch.float64).unsqueeze(-1))
+        values.append(torch.where(finite.unsqueeze(-1), v, torch.nan).to(x.dtype))
+        limit = torch.ldexp(torch.full_like(q[:, :1], f.max_normal), exp.to(torch.float64).unsqueeze(-1))
+        clamped.append(chunk.to(torch.float64).abs() > limit)
+    return torch.cat(values).reshape(x.shape), torch.cat(clamped).reshape(x.shape)
 
 
 def dequantize(q: MxWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
