@@ -192,10 +192,16 @@ def _tune(args: argparse.Namespace) -> int:
             from mxgemm.codegen import target as targets
 
             args.arch = builder.arch_name(targets.cpu())
-        if not args.arch.startswith("llvm") and not args.build_only and not torch.cuda.is_available():
+        remote = args.rpc is not None
+        if (
+            not args.arch.startswith("llvm")
+            and not (args.build_only or remote)
+            and not torch.cuda.is_available()
+        ):
             raise tune.TuneError(
-                f"measuring {args.arch} kernels needs a CUDA GPU: build with --build-only DIR here, "
-                "then run --measure DIR on the GPU box and --merge DIR"
+                f"measuring {args.arch} kernels needs a CUDA GPU: measure through RPC servers on GPU boxes "
+                "(--rpc HOST:PORT --rpc-key KEY), or build with --build-only DIR here, then run "
+                "--measure DIR on the GPU box and --merge DIR"
             )
         todo, notes = tune.tasks(shapes, fmts, _ints(args.m), args.a_dtype, args.arch)
         for note in notes:
@@ -223,6 +229,20 @@ def _tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rpc_server(args: argparse.Namespace) -> int:
+    import logging
+
+    from mxgemm import tune, tune_rpc
+
+    logging.basicConfig(level=logging.INFO)
+    try:
+        tune_rpc.serve(args.tracker, args.key, args.host, args.port, args.port_end)
+    except (tune.TuneError, ValueError) as e:
+        print(f"mxgemm rpc-server: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _tune_build(args: argparse.Namespace, todo, kdir: Path, n_cands: int) -> None:
     from tqdm import tqdm
 
@@ -238,7 +258,16 @@ def _tune_measure(args: argparse.Namespace, kdir) -> int:
     from mxgemm import tune
 
     with tqdm(desc="measure", unit="kernel") as bar:
-        records = tune.measure(kdir, seconds=args.budget[1], progress=lambda r: bar.update())
+        if args.rpc is not None:
+            from mxgemm import tune_rpc
+
+            if not args.rpc_key:
+                raise tune.TuneError("--rpc needs --rpc-key KEY, the key the servers registered under")
+            records = tune_rpc.measure(
+                kdir, args.rpc, args.rpc_key, args.rpc_workers, args.budget[1], lambda r: bar.update()
+            )
+        else:
+            records = tune.measure(kdir, seconds=args.budget[1], progress=lambda r: bar.update())
     print(tune.summary(records))
     if args.table:
         Path(args.table).parent.mkdir(parents=True, exist_ok=True)
@@ -373,7 +402,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     step.add_argument("--measure", metavar="DIR", help="only measure the candidates built into DIR")
     step.add_argument("--merge", metavar="DIR", help="only merge DIR's measurements into the log")
+    t.add_argument(
+        "--rpc",
+        metavar="HOST:PORT",
+        help="measure on the RPC servers of this TVM tracker (`mxgemm rpc-server`), built here",
+    )
+    t.add_argument("--rpc-key", metavar="KEY", help="the device key the servers registered under")
+    t.add_argument("--rpc-workers", type=int, default=1, metavar="N", help="tasks measured at once")
     t.set_defaults(func=_tune)
+    r = sub.add_parser(
+        "rpc-server",
+        help="serve `mxgemm tune --rpc` measurements on this box: a TVM RPC server registered with a tracker",
+    )
+    r.add_argument("--tracker", required=True, metavar="HOST:PORT", help="the TVM RPC tracker")
+    r.add_argument("--key", required=True, help="device key, e.g. h100 or llvm-znver5")
+    r.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    r.add_argument("--port", type=int, default=9090, help="first port to try")
+    r.add_argument("--port-end", type=int, default=9199, help="end of the port range to try")
+    r.set_defaults(func=_rpc_server)
     return p
 
 

@@ -28,8 +28,16 @@ class FakeQuantLinear(nn.Linear):
         config: the :class:`~mxgemm.config.MxConfig` the layer trains for (and converts to).
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, config: MxConfig,
-                 device=None, dtype=None):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        config: MxConfig,
+        device=None,
+        dtype=None,
+    ):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         for what, bs in (("weight", config.block_size), ("activations", _act_block(config))):
             if bs and in_features % bs:
@@ -51,8 +59,14 @@ class FakeQuantLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = self.config
         a = c.torch_a_dtype
-        w = fake_quantize(self.weight, c.fmt, block_size=c.block_size, scale_mode=c.scale_mode,
-                          rounding=c.rounding, generator=c.generator("qat"))
+        w = fake_quantize(
+            self.weight,
+            c.fmt,
+            block_size=c.block_size,
+            scale_mode=c.scale_mode,
+            rounding=c.rounding,
+            generator=c.generator("qat"),
+        )
         if c.activations is not None:
             x = fake_quantize(x, c.activations.fmt, **c.activations.kwargs())
         xa = x.to(a).float()
@@ -95,14 +109,25 @@ def convert_qat_(model: nn.Module) -> list[str]:
             continue
         c = mod.config
         with torch.no_grad():
-            plain = nn.Linear(mod.in_features, mod.out_features, mod.bias is not None,
-                              device=mod.weight.device, dtype=mod.weight.dtype)
+            plain = nn.Linear(
+                mod.in_features,
+                mod.out_features,
+                mod.bias is not None,
+                device=mod.weight.device,
+                dtype=mod.weight.dtype,
+            )
             plain.weight.copy_(mod.weight)
             if mod.bias is not None:
                 plain.bias.copy_(mod.bias)
         new = MxLinear.from_linear(
-            plain, c.fmt, block_size=c.block_size, a_dtype=c.a_dtype, scale_mode=c.scale_mode,
-            rounding=c.rounding, activations=c.activations, generator=c.generator("qat"),
+            plain,
+            c.fmt,
+            block_size=c.block_size,
+            a_dtype=c.a_dtype,
+            scale_mode=c.scale_mode,
+            rounding=c.rounding,
+            activations=c.activations,
+            generator=c.generator("qat"),
         )
         _set_submodule(model, name, new)
         converted.append(name)

@@ -233,10 +233,34 @@ def _time_cpu(kernels: list[builder.Kernel], task: Task, seconds: float | None) 
     return [statistics.median(ts) for ts in times]
 
 
-def measure(kernel_dir: str | Path, seconds: float | None = None, progress=None) -> list[tunelog.Record]:
-    """Time every candidate of the manifest in ``kernel_dir`` (at most ``seconds`` per task, the
-    default candidate always; CPU candidates of a task interleaved, :func:`_time_cpu`); also written
-    to its measurements file."""
+def check(kernel: builder.Kernel, task: Task, device: torch.device) -> str | None:
+    """Run ``kernel`` once on seeded inputs (:func:`_inputs`, the weight in the kernel's own layout)
+    and compare with ``x @ dequantize(W).T`` in fp32; None if it agrees (within 1% of the output's
+    largest magnitude: the activation-dtype output's rounding), else what is wrong."""
+    from mxgemm.layout import transform_weight
+    from mxgemm.reference import dequantize, quantize
+
+    g = torch.Generator(device).manual_seed(task.n * 31 + task.k + 1)
+    q = quantize(
+        torch.randn(task.n, task.k, generator=g, device=device) * 0.02, task.fmt, block_size=task.block_size
+    )
+    m = task.m_bucket or 64
+    x = torch.randn(m, task.k, generator=g, device=device).to(getattr(torch, task.a_dtype))
+    y = torch.full((m, task.n), torch.nan, dtype=x.dtype, device=device)
+    kernel(x, *transform_weight(q, kernel), y)
+    want = x.float() @ dequantize(q).T
+    err = (y.float() - want).abs().max().item()
+    bound = 0.01 * want.abs().max().item() + 1e-6
+    return None if err <= bound else f"max error {err:.3g} > {bound:.3g} against the reference"
+
+
+def device_name(task: Task) -> str:
+    """What measures ``task`` here: the GPU's name, or ``cpu``."""
+    return "cpu" if task.arch.startswith("llvm") else torch.cuda.get_device_name()
+
+
+def read_manifest(kernel_dir: str | Path) -> tuple[Path, dict[Task, list[dict[str, Any]]]]:
+    """(the kernel directory, its manifest's entries grouped by task, in manifest order)."""
     root = Path(kernel_dir)
     try:
         entries = json.loads((root / MANIFEST).read_text())
@@ -244,37 +268,79 @@ def measure(kernel_dir: str | Path, seconds: float | None = None, progress=None)
         raise TuneError(
             f"{root / MANIFEST}: no readable tune manifest ({e}); run `mxgemm tune --build-only`"
         ) from e
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     by_task: dict[Task, list[dict]] = {}
     for e in entries:
         by_task.setdefault(Task(**e["task"]), []).append(e)
-    records = []
-    for task, group in by_task.items():
-        cpu = task.arch.startswith("llvm")
-        if not cpu and not torch.cuda.is_available():
-            raise TuneError(f"{task.arch} kernels need a CUDA GPU to measure")
-        kernels = []
-        for e in group:
-            path = Path(e["path"]) if Path(e["path"]).is_absolute() else root / e["path"]
-            kernels.append(builder.Kernel(task.spec(), path, {"rule": e["rule"], "hints": e["hints"]}))
-        if cpu:
-            timed = list(zip(group, _time_cpu(kernels, task, seconds), strict=True))
-        else:
-            timed, t0 = [], time.perf_counter()
-            for e, kernel in zip(group, kernels, strict=True):
-                if timed and seconds is not None and time.perf_counter() - t0 > seconds:
-                    break
-                timed.append((e, _time(kernel, task)))
-        for e, us in timed:
-            rec = tunelog.Record(
-                **asdict(task), rule=e["rule"], config=e["hints"], us=us, gpu=gpu, versions=e["versions"]
-            )
-            records.append(rec)
-            if progress:
-                progress(rec)
+    return root, by_task
+
+
+def measure_task(
+    task: Task, group: list[dict[str, Any]], root: Path, seconds: float | None
+) -> list[float | None]:
+    """Check, then time, the candidates ``group`` (manifest entries; relative paths under ``root``) of
+    ``task`` on this machine: median µs per entry, None for one that failed its check (logged) or that
+    the time budget left out (the default candidate, first, is always timed)."""
+    cpu = task.arch.startswith("llvm")
+    if not cpu and not torch.cuda.is_available():
+        raise TuneError(f"{task.arch} kernels need a CUDA GPU to measure")
+    device = torch.device("cpu" if cpu else "cuda")
+    kernels = []
+    for e in group:
+        path = Path(e["path"]) if Path(e["path"]).is_absolute() else root / e["path"]
+        kernels.append(builder.Kernel(task.spec(), path, {"rule": e["rule"], "hints": e["hints"]}))
+    ok = []
+    for e, kernel in zip(group, kernels, strict=True):
+        wrong = check(kernel, task, device)
+        if wrong:
+            log.warning("candidate %s for %s is wrong, not timed: %s", e["hints"], task, wrong)
+        ok.append(wrong is None)
+    us: list[float | None] = [None] * len(group)
+    good = [i for i, k in enumerate(ok) if k]
+    if cpu:
+        for i, t in zip(good, _time_cpu([kernels[i] for i in good], task, seconds), strict=True):
+            us[i] = t
+    else:
+        t0 = time.perf_counter()
+        for i in good:
+            if any(u is not None for u in us) and seconds is not None and time.perf_counter() - t0 > seconds:
+                break
+            us[i] = _time(kernels[i], task)
+    return us
+
+
+def records(task: Task, timed: list[tuple[dict[str, Any], float]], device: str) -> list[tunelog.Record]:
+    """Tune log records of ``task``'s timed manifest entries (µs each), measured on ``device``."""
+    return [
+        tunelog.Record(
+            **asdict(task), rule=e["rule"], config=e["hints"], us=us, gpu=device, versions=e["versions"]
+        )
+        for e, us in timed
+    ]
+
+
+def write_measurements(root: Path, recs: list[tunelog.Record]) -> None:
     with open(root / MEASUREMENTS, "w") as f:
-        f.writelines(json.dumps(asdict(r), sort_keys=True) + "\n" for r in records)
-    return records
+        f.writelines(json.dumps(asdict(r), sort_keys=True) + "\n" for r in recs)
+
+
+def measure(kernel_dir: str | Path, seconds: float | None = None, progress=None) -> list[tunelog.Record]:
+    """Check and time every candidate of the manifest in ``kernel_dir`` (:func:`measure_task`: at most
+    ``seconds`` per task, the default candidate always; CPU candidates of a task interleaved,
+    :func:`_time_cpu`); also written to its measurements file. A candidate that computes a wrong
+    result gets no record."""
+    root, by_task = read_manifest(kernel_dir)
+    out = []
+    for task, group in by_task.items():
+        us = measure_task(task, group, root, seconds)
+        recs = records(
+            task, [(e, t) for e, t in zip(group, us, strict=True) if t is not None], device_name(task)
+        )
+        out += recs
+        if progress:
+            for r in recs:
+                progress(r)
+    write_measurements(root, out)
+    return out
 
 
 # ---- step 3: merge ---------------------------------------------------------------------------------

@@ -14,11 +14,18 @@ compiler is not needed there (runtime-only TVM serves).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import queue
+import re
+import socket
+import subprocess
+import sys
 import threading
 import time
+import traceback
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -42,25 +49,101 @@ def parse_address(addr: str) -> tuple[str, int]:
 # ---- the server side -------------------------------------------------------------------------------
 
 
-def _measure_here(payload: str) -> str:
+class _MeasurerGone(RuntimeError):
+    pass
+
+
+class _Measurer:
+    """A Python process, started fresh (not forked) by the server, that measures the tasks its sessions
+    hand it (:func:`_serve_requests`: one JSON request per line in, one answer per line out).
+
+    Sessions are not its parent, so they cannot wait on it (``poll()`` there reports any child as
+    dead); a session learns that it is gone from the pipes."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+
+    def ask(self, req: dict) -> dict:
+        """``req``'s answer; :class:`_MeasurerGone` if the process has died."""
+        rid = uuid.uuid4().hex  # an answer left by a session that timed out is skipped
+        try:
+            self.proc.stdin.write(json.dumps({**req, "id": rid}) + "\n")
+            self.proc.stdin.flush()
+        except OSError as e:
+            raise _MeasurerGone(f"the measuring process is gone ({e})") from None
+        while line := self.proc.stdout.readline():
+            ans = json.loads(line)
+            if ans.pop("id", None) == rid:
+                return ans
+        raise _MeasurerGone("the measuring process died")
+
+
+def _measure_here(payload: str, measurer: _Measurer | None = None) -> str:
     """The function a server runs: ``payload`` JSON ``{"task", "entries" (each with the uploaded file
-    name in "file"), "seconds"}`` → JSON ``{"device", "us": [µs or None per entry]}``."""
+    name in "file"), "seconds"}`` → JSON ``{"device", "us": [µs or None per entry]}``.
+
+    The server forks each session from a process that has imported torch, and CUDA fails in such a
+    child ("initialization error"), so the session hands the work to ``measurer``, the server's; where
+    there is none or a crash took it down, to a fresh process of its own (5 s more: torch's import)."""
     import tvm_ffi
 
     req = json.loads(payload)
     workpath = tvm_ffi.get_global_func("tvm.rpc.server.workpath")
-    task = tune.Task(**req["task"])
-    entries = [{**e, "path": str(workpath(e["file"]))} for e in req["entries"]]
-    timed = dict((id(e), us) for e, us in tune.measure_task(task, entries, Path("/"), req["seconds"]))
-    return json.dumps({"device": tune.device_name(task), "us": [timed.get(id(e)) for e in entries]})
+    req["entries"] = [{**e, "path": str(workpath(e["file"]))} for e in req["entries"]]
+    ans = None
+    if measurer is not None:
+        try:
+            ans = measurer.ask(req)
+        except _MeasurerGone as e:
+            log.warning("%s: measuring in a fresh process", e)
+    if ans is None:
+        run = subprocess.run(
+            [sys.executable, "-m", __name__], input=json.dumps(req) + "\n", capture_output=True, text=True,
+            check=False,
+        )  # fmt: skip
+        if run.returncode or not run.stdout.strip():
+            raise RuntimeError(
+                f"the measuring process failed (exit {run.returncode}): {error_line(run.stderr)}"
+            )
+        ans = json.loads(run.stdout.strip().splitlines()[-1])
+    if "error" in ans:
+        raise RuntimeError(ans["error"])
+    return json.dumps(ans)
+
+
+def _serve_requests(requests, answers) -> None:
+    """The measuring process's loop: a JSON request per line of ``requests`` (entries with local paths in
+    "path", plus an "id") → a line on ``answers``: ``{"id", "device", "us"}`` or ``{"id", "error"}``."""
+    for line in requests:
+        req = json.loads(line)
+        try:
+            task = tune.Task(**req["task"])
+            us = tune.measure_task(task, req["entries"], Path.cwd(), req["seconds"])
+            ans = {"device": tune.device_name(task), "us": us}
+        except Exception:  # noqa: BLE001 (answered, the process lives on for the next session)
+            ans = {"error": error_line(traceback.format_exc())}
+        answers.write(json.dumps({**ans, "id": req.get("id")}) + "\n")
+        answers.flush()
+
+
+def error_line(text: str) -> str:
+    """The line of a traceback or error text that says what went wrong: the last ``SomethingError:``
+    line (CUDA errors end in advice lines), else the last non-empty line."""
+    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b", ln)]
+    return (errors or lines or ["(no message)"])[-1]
 
 
 def register() -> None:
-    """Register :data:`MEASURE_FUNC` in this process (the server's init callback; its sessions are
-    forked from it, so they see it)."""
+    """Register :data:`MEASURE_FUNC` and start the :class:`_Measurer` in this process (the server's init
+    callback; its sessions are forked from it, so they see both)."""
     import tvm_ffi
 
-    tvm_ffi.register_global_func(MEASURE_FUNC, _measure_here, override=True)
+    tvm_ffi.register_global_func(
+        MEASURE_FUNC, functools.partial(_measure_here, measurer=_Measurer()), override=True
+    )
 
 
 def serve(tracker: str, key: str, host: str = "0.0.0.0", port: int = 9090, port_end: int = 9199) -> None:
@@ -77,20 +160,33 @@ def serve(tracker: str, key: str, host: str = "0.0.0.0", port: int = 9090, port_
 # ---- the client side -------------------------------------------------------------------------------
 
 
-def _remote_task(tracker: tuple[str, int], key: str, task: tune.Task, group: list[dict], root: Path,
-                 seconds: float | None, session_timeout: float) -> tuple[str, list[float | None]]:
+def _remote_task(
+    tracker: tuple[str, int],
+    key: str,
+    task: tune.Task,
+    group: list[dict],
+    root: Path,
+    seconds: float | None,
+    session_timeout: float,
+) -> tuple[str, list[float | None]]:
     """One session: upload ``group``'s kernels, measure them there; (device name, µs per entry)."""
     from tvm import rpc
 
     sess = rpc.connect_tracker(*tracker).request(key, priority=1, session_timeout=session_timeout)
-    entries = []
-    for i, e in enumerate(group):
-        path = Path(e["path"]) if Path(e["path"]).is_absolute() else root / e["path"]
-        name = f"candidate{i}{path.suffix}"
-        sess.upload(str(path), target=name)
-        entries.append({"file": name, "rule": e["rule"], "hints": e["hints"]})
-    payload = json.dumps({"task": asdict(task), "entries": entries, "seconds": seconds})
-    out = json.loads(str(sess.get_function(MEASURE_FUNC)(payload)))
+    try:
+        entries = []
+        for i, e in enumerate(group):
+            path = Path(e["path"]) if Path(e["path"]).is_absolute() else root / e["path"]
+            name = f"candidate{i}{path.suffix}"
+            sess.upload(str(path), target=name)
+            entries.append({"file": name, "rule": e["rule"], "hints": e["hints"]})
+        payload = json.dumps({"task": asdict(task), "entries": entries, "seconds": seconds})
+        out = json.loads(str(sess.get_function(MEASURE_FUNC)(payload)))
+    finally:
+        # the session ends when its last reference goes, and the server serves no one else until then.
+        # A retry inside request() leaves a reference cycle that holds this frame (its f_back) until
+        # the garbage collector runs, which an idle client may not do for good: drop the session now.
+        del sess
     if len(out["us"]) != len(group):
         raise RuntimeError(f"the server answered {len(out['us'])} timings for {len(group)} candidates")
     return out["device"], out["us"]
@@ -112,6 +208,9 @@ def measure(
     (TuneError naming it and the last error); nothing is written then."""
     addr = parse_address(tracker)
     root, by_task = tune.read_manifest(kernel_dir)
+    if not servers(tracker, key):
+        keys = sorted(s["key"].removeprefix("server:") for s in tracker_summary(tracker)["server_info"])
+        raise tune.TuneError(f"no RPC server is registered under key {key!r} at {tracker} (keys: {keys})")
     todo: queue.Queue = queue.Queue()
     for task, group in by_task.items():
         todo.put((task, group, 1))
@@ -131,9 +230,11 @@ def measure(
                 continue
             t0 = time.perf_counter()
             try:
+                if not servers(tracker, key):  # a request would wait for one forever
+                    raise RuntimeError(f"no server left under key {key!r}")
                 device, us = _remote_task(addr, key, task, group, root, seconds, session_timeout)
             except Exception as e:  # noqa: BLE001 (a lost server or session: retry the task elsewhere)
-                reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+                reason = error_line(e) if str(e).strip() else type(e).__name__
                 log.warning("%s: attempt %d of %d failed: %s", task, attempt, attempts, reason)
                 if attempt < attempts:
                     todo.put((task, group, attempt + 1))
@@ -164,7 +265,24 @@ def measure(
 
 
 def tracker_summary(tracker: str) -> dict[str, Any]:
-    """The tracker's view (queue and servers per key), for ``mxgemm tune --rpc`` errors."""
+    """The tracker's summary (``server_info``: the servers and their keys; ``queue_info``: free servers
+    and pending requests per key); TuneError if it cannot be reached within 10 s."""
     from tvm import rpc
 
-    return rpc.connect_tracker(*parse_address(tracker)).summary()
+    addr = parse_address(tracker)
+    try:
+        socket.create_connection(addr, timeout=10).close()
+    except OSError as e:
+        raise tune.TuneError(f"cannot reach the RPC tracker at {tracker}: {e}") from None
+    return rpc.connect_tracker(*addr).summary()
+
+
+def servers(tracker: str, key: str) -> int:
+    """How many servers (free or busy) are registered under ``key``."""
+    return sum(s["key"] == f"server:{key}" for s in tracker_summary(tracker)["server_info"])
+
+
+if __name__ == "__main__":  # the measuring process: the protocol owns stdout, anything printed goes to stderr
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    answers, sys.stdout = sys.stdout, sys.stderr
+    _serve_requests(sys.stdin, answers)

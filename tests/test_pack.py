@@ -551,7 +551,15 @@ def test_cli_records_quantized_activations(tmp_path, capsys):
     ok = _cli(str(src), "--format", "mxfp4", "--activations", "mxfp8_e4m3:even", "-o", str(tmp_path / "a"))
     assert ok.returncode == 0, ok.stderr
     qc = json.loads((tmp_path / "a" / "config.json").read_text())["quantization_config"]
-    assert qc["activations"] == {"fmt": "mxfp8_e4m3", "block_size": 32, "scale_mode": "even", "rounding": "even"}
-    assert cli.main(["pack", str(src), "--format", "mxfp4", "--activations", "fp9", "-o", str(tmp_path / "b")]) == 2
+    assert qc["activations"] == {
+        "fmt": "mxfp8_e4m3",
+        "block_size": 32,
+        "scale_mode": "even",
+        "rounding": "even",
+    }
+    assert (
+        cli.main(["pack", str(src), "--format", "mxfp4", "--activations", "fp9", "-o", str(tmp_path / "b")])
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith("mxgemm pack: error: ") and "fp9" in err and not (tmp_path / "b").exists()

@@ -73,9 +73,7 @@ def test_mxlinear_quantizes_its_activations_as_the_emulation(act, rows):
     torch.manual_seed(rows)
     lin = nn.Linear(128, 48)
     cfg = MxConfig("mxfp4", activations=MxActConfig(act), a_dtype="bfloat16")
-    m = mxgemm.MxLinear.from_linear(
-        lin, cfg.fmt, a_dtype="bfloat16", activations=cfg.activations
-    )
+    m = mxgemm.MxLinear.from_linear(lin, cfg.fmt, a_dtype="bfloat16", activations=cfg.activations)
     x = _x((rows, 128), "act", act, scale=1.0)
     with torch.no_grad():
         y = m(x)
@@ -96,7 +94,9 @@ def test_activation_configs_are_checked_and_round_trip_through_a_checkpoint(tmp_
         MxActConfig("mxfp4", block_size=24)
     with pytest.raises(ValueError, match="activations' block_size=64"):
         mxgemm.MxLinear(96, 8, activations=MxActConfig("mxfp4", block_size=64))
-    cfg = MxConfig("mxfp8_e4m3", activations=MxActConfig("mxfp4", scale_mode="even"), modules_to_not_convert=[])
+    cfg = MxConfig(
+        "mxfp8_e4m3", activations=MxActConfig("mxfp4", scale_mode="even"), modules_to_not_convert=[]
+    )
     assert MxConfig.from_dict(cfg.to_dict()) == cfg
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16))
@@ -106,7 +106,9 @@ def test_activation_configs_are_checked_and_round_trip_through_a_checkpoint(tmp_
         y = net(x)
     mxgemm.save_quantized(net, tmp_path / "ckpt", cfg)
     torch.manual_seed(1)
-    back = mxgemm.load_quantized(nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16)), tmp_path / "ckpt")
+    back = mxgemm.load_quantized(
+        nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16)), tmp_path / "ckpt"
+    )
     assert back[0].activations == cfg.activations
     with torch.no_grad():
         assert torch.equal(back(x), y)

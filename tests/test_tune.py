@@ -1,6 +1,7 @@
 """`mxgemm tune`: shapes from a model config, tasks, deterministic valid candidates, and the whole
 build → measure → merge flow end to end on this CPU (LLVM kernels, measured here), split and one-box."""
 
+import dataclasses
 import json
 
 import pytest
@@ -204,7 +205,8 @@ def test_tune_bad_input(tmp_path, capsys, cpu_arch):
         _cli("--shapes", "64,256", "--budget", "lots")
     if not torch.cuda.is_available():
         assert _cli("--shapes", "64,256", "--arch", "sm_90", "--log", str(tmp_path / "l.json")) == 2
-        assert "needs a CUDA GPU: build with --build-only" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "needs a CUDA GPU: measure through RPC servers" in err and "--build-only DIR" in err
 
 
 def test_tune_arch_llvm_means_this_cpu(tmp_path, capsys, cpu_arch):
@@ -214,3 +216,24 @@ def test_tune_arch_llvm_means_this_cpu(tmp_path, capsys, cpu_arch):
         == 0
     )
     assert {r.arch for r in tunelog.read(log)} == {cpu_arch}
+
+
+def test_measure_checks_each_candidate_against_the_reference(tmp_path, cpu_arch, caplog):
+    """A candidate that computes wrong values gets no record: here the manifest claims bfp4 for
+    mxfp4 kernels (same bits, other values)."""
+    todo, _ = tune.tasks([(64, 256)], ["mxfp4"], [1], "bfloat16", cpu_arch)
+    entries = tune.build(todo, 2, tmp_path)
+    good = builder.Kernel(
+        todo[0].spec(),
+        tmp_path / entries[0]["path"],
+        {"rule": entries[0]["rule"], "hints": entries[0]["hints"]},
+    )
+    assert tune.check(good, todo[0], torch.device("cpu")) is None
+    wrong = dataclasses.replace(todo[0], fmt="bfp4")
+    assert "against the reference" in tune.check(good, wrong, torch.device("cpu"))
+    manifest = json.loads((tmp_path / tune.MANIFEST).read_text())
+    (tmp_path / tune.MANIFEST).write_text(
+        json.dumps([{**e, "task": {**e["task"], "fmt": "bfp4"}} for e in manifest])
+    )
+    assert tune.measure(tmp_path) == []
+    assert sum("is wrong, not timed" in m for m in caplog.messages) == len(manifest)
