@@ -193,6 +193,10 @@ def _tune(args: argparse.Namespace) -> int:
 
             args.arch = builder.arch_name(targets.cpu())
         remote = args.rpc is not None
+        if remote and not args.build_only:  # before a build that would be wasted
+            from mxgemm import tune_rpc
+
+            tune_rpc.check_fleet(args.rpc, args.rpc_key)
         if (
             not args.arch.startswith("llvm")
             and not (args.build_only or remote)
@@ -220,7 +224,12 @@ def _tune(args: argparse.Namespace) -> int:
             return 0
         with tempfile.TemporaryDirectory(prefix="mxgemm-tune-") as kdir:  # manifest + measurements
             _tune_build(args, todo, Path(kdir), n_cands)
-            _tune_measure(args, kdir)
+            try:
+                _tune_measure(args, kdir)
+            except tune.TuneError as e:  # keep the tasks measured whole: a rerun skips them
+                done = Path(kdir) / tune.MEASUREMENTS
+                kept = tune.merge(kdir, log) if done.exists() and tunelog.read(done) else []
+                raise tune.TuneError(f"{e}; merged {len(kept)} records into {log}") from None
             winners = tune.merge(kdir, log)
         print(f"merged {len(winners)} records into {log}")
     except (tune.TuneError, ValueError) as e:
@@ -261,8 +270,6 @@ def _tune_measure(args: argparse.Namespace, kdir) -> int:
         if args.rpc is not None:
             from mxgemm import tune_rpc
 
-            if not args.rpc_key:
-                raise tune.TuneError("--rpc needs --rpc-key KEY, the key the servers registered under")
             records = tune_rpc.measure(
                 kdir, args.rpc, args.rpc_key, args.rpc_workers, args.budget[1], lambda r: bar.update()
             )

@@ -205,12 +205,11 @@ def measure(
     """:func:`mxgemm.tune.measure` through the servers registered under ``key`` at ``tracker``
     (``HOST:PORT``), ``workers`` tasks at a time; records as there, also written to the kernel
     directory's measurements file. A task that fails on ``attempts`` sessions fails the run
-    (TuneError naming it and the last error); nothing is written then."""
+    (TuneError naming it and the last error); the tasks measured whole by then are written all the same
+    (merge them, and a rerun skips them)."""
     addr = parse_address(tracker)
     root, by_task = tune.read_manifest(kernel_dir)
-    if not servers(tracker, key):
-        keys = sorted(s["key"].removeprefix("server:") for s in tracker_summary(tracker)["server_info"])
-        raise tune.TuneError(f"no RPC server is registered under key {key!r} at {tracker} (keys: {keys})")
+    check_fleet(tracker, key)
     todo: queue.Queue = queue.Queue()
     for task, group in by_task.items():
         todo.put((task, group, 1))
@@ -257,10 +256,13 @@ def measure(
         t.start()
     for t in threads:
         t.join()
-    if failed:
-        raise tune.TuneError(f"RPC measurement failed after {attempts} attempts: {failed[0]}")
     records = [r for task in by_task if task in done for r in done[task]]
     tune.write_measurements(root, records)
+    if failed:
+        raise tune.TuneError(
+            f"RPC measurement failed after {attempts} attempts: {failed[0]} ({len(done)} of {len(by_task)} "
+            f"tasks were measured whole; their records are in {root / tune.MEASUREMENTS})"
+        )
     return records
 
 
@@ -275,6 +277,15 @@ def tracker_summary(tracker: str) -> dict[str, Any]:
     except OSError as e:
         raise tune.TuneError(f"cannot reach the RPC tracker at {tracker}: {e}") from None
     return rpc.connect_tracker(*addr).summary()
+
+
+def check_fleet(tracker: str, key: str) -> None:
+    """TuneError unless the tracker at ``tracker`` (``HOST:PORT``) answers and has a server under ``key``."""
+    if not key:
+        raise tune.TuneError("--rpc needs --rpc-key KEY, the key the servers registered under")
+    if not servers(tracker, key):
+        keys = sorted(s["key"].removeprefix("server:") for s in tracker_summary(tracker)["server_info"])
+        raise tune.TuneError(f"no RPC server is registered under key {key!r} at {tracker} (keys: {keys})")
 
 
 def servers(tracker: str, key: str) -> int:

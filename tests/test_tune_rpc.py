@@ -118,6 +118,15 @@ def test_rpc_measures_every_candidate_and_picks_the_local_winners(tmp_path):
         # one task at a time: two servers timing at once on this 2-core box would disturb each other
         # (a fleet's servers are separate machines; the concurrent path is the next test's)
         remote = tune_rpc.measure(kdir, addr, KEY, workers=1)
+        from mxgemm import cli
+
+        log = tmp_path / "log.json"  # the whole path: build here, measure there, merge here
+        argv = ["tune", "--shapes", "64,256", "--format", "mxfp4", "--m", "1", "--arch", "llvm"]
+        argv += ["--a-dtype", "bfloat16", "--budget", "2", "--log", str(log), "--rpc", addr, "--rpc-key", KEY]
+        assert cli.main(argv) == 0
+        assert {r.key() for r in tunelog.read(log)} == {
+            t.key() for t in todo if t.n == 64 and t.m_bucket == 1
+        }
     key = lambda r: (r.key(), tuple(sorted(r.config.items())))  # noqa: E731
     assert sorted(map(key, remote)) == sorted(map(key, local)), "the same candidates, all checked"
     assert {r.key() for r in remote} == {t.key() for t in todo}
@@ -173,6 +182,9 @@ def test_rpc_errors_are_one_clear_line(tmp_path, capsys):
     with _fleet(tmp_path, servers=0) as (addr, _):
         assert cli.main(["tune", "--measure", str(kdir), "--rpc", addr, "--rpc-key", "h100"]) == 2
         assert "no RPC server is registered under key 'h100'" in capsys.readouterr().err
+        argv = ["tune", "--shapes", "64,256", "--arch", "llvm", "--rpc", addr, "--rpc-key", "h100"]
+        assert cli.main(argv) == 2, "refused before building"
+        assert "no RPC server is registered under key 'h100'" in capsys.readouterr().err
 
 
 def test_the_measuring_process_sessions_hand_their_work_to(tmp_path):
@@ -218,6 +230,23 @@ def test_a_server_whose_measuring_process_died_measures_in_fresh_ones(tmp_path):
     assert {r.key() for r in recs} == {t.key() for t in todo}
     assert all(r.us > 0 for r in recs)
     assert "measuring in a fresh process" in (tmp_path / "server0.log").read_text()
+
+
+def test_a_task_that_fails_everywhere_keeps_the_others(tmp_path):
+    """A task whose kernel cannot load fails its three sessions and the run (TuneError naming it); the
+    tasks measured whole are written all the same, so they merge and a rerun skips them."""
+    kdir, todo = _built(tmp_path, [(64, 256), (128, 256)], budget=1)
+    root, by_task = tune.read_manifest(kdir)
+    bad = next(t for t in by_task if t.n == 128 and t.m_bucket == 1)
+    for e in by_task[bad]:
+        (root / e["path"]).write_bytes(b"not a shared library")
+    with _fleet(tmp_path, servers=1) as (addr, _):
+        with pytest.raises(
+            tune.TuneError, match=r"after 3 attempts: .*n=128.*\(3 of 4 tasks were measured whole"
+        ):
+            tune_rpc.measure(kdir, addr, KEY)
+    kept = tunelog.read(kdir / tune.MEASUREMENTS)
+    assert {r.key() for r in kept} == {t.key() for t in by_task if t != bad}
 
 
 def test_error_line_picks_the_exception_not_the_advice():
