@@ -131,7 +131,13 @@ class MxConfig:
                 f"{LAYOUT_VERSION}: repack the model with this version"
             )
         known = {
-            "fmt", "block_size", "scale_mode", "rounding", "a_dtype", "modules_to_not_convert", "seed",
+            "fmt",
+            "block_size",
+            "scale_mode",
+            "rounding",
+            "a_dtype",
+            "modules_to_not_convert",
+            "seed",
             "activations",
         }
         return cls(**{k: v for k, v in d.items() if k in known})

@@ -105,7 +105,7 @@ def quantize(
     *lead, k = w.shape
     blocks = w.detach().reshape(-1, bs)
     codes, exps = [], []
-    for chunk in blocks.split(_chunk_rows(blocks)):
+    for chunk in _chunks(blocks):
         c, e = _quantize_blocks(chunk, f, scale_mode, rounding, generator)
         codes.append(c)
         exps.append(e)
@@ -121,6 +121,14 @@ def _chunk_rows(blocks: torch.Tensor) -> int:
     if blocks.device.type != "cpu":
         return max(1, blocks.shape[0])
     return max(1, _CPU_CHUNK // blocks.shape[1])
+
+
+def _chunks(blocks: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``blocks`` split into :func:`_chunk_rows` rows; whole for a symbolic row count (torch.export
+    with a dynamic batch: a split would put a guard on it)."""
+    if isinstance(blocks.shape[0], torch.SymInt):
+        return (blocks,)
+    return blocks.split(_chunk_rows(blocks))
 
 
 def _scaled(x: torch.Tensor, exp: torch.Tensor) -> torch.Tensor:
@@ -195,7 +203,7 @@ def fake_quantize_values(
     _check(x, f, bs)
     blocks = x.detach().reshape(-1, bs)
     values, clamped = [], []
-    for chunk in blocks.split(_chunk_rows(blocks)):
+    for chunk in _chunks(blocks):
         q, exp, finite = _grid_blocks(chunk, f, scale_mode, rounding, generator)
         v = torch.ldexp(q, exp.to(torch.float64).unsqueeze(-1))
         values.append(torch.where(finite.unsqueeze(-1), v, torch.nan).to(x.dtype))
