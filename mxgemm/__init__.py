@@ -86,3 +86,12 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_PUBLIC, *_SUBMODULES})
+
+
+def _install_hf_hook() -> None:
+    from mxgemm import hf_hook
+
+    hf_hook.install()
+
+
+_install_hf_hook()  # transformers' from_pretrained knows quant_method "mxgemm" (mxgemm.hf)
