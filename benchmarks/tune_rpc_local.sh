@@ -2,7 +2,7 @@
 # Measure the candidates built into DIR (`mxgemm tune --build-only DIR`) twice on this box and time both:
 # through a TVM RPC tracker and one `mxgemm rpc-server` started here on localhost (`mxgemm tune --rpc`),
 # and directly (`mxgemm tune --measure`, the manual split's measuring step). Tables and merged logs go to
-# OUT. Usage: benchmarks/tune_rpc_local.sh DIR KEY OUT
+# OUT. Usage: benchmarks/tune_rpc_local.sh DIR KEY OUT (RPC_ONLY=1: only through RPC)
 set -euo pipefail
 dir=$1 key=$2 out=$3
 mkdir -p "$out"
@@ -20,6 +20,10 @@ t0=$(date +%s.%N)
 python -m mxgemm.cli tune --measure "$dir" --rpc 127.0.0.1:$port --rpc-key "$key" --table "$out/rpc.md"
 t1=$(date +%s.%N)
 cp "$dir/tune_measurements.jsonl" "$out/rpc_measurements.jsonl"
+if [ "${RPC_ONLY:-0}" = 1 ]; then
+    python -c "import sys; print(f'measure through RPC: {float(sys.argv[2]) - float(sys.argv[1]):.1f} s')" "$t0" "$t1" | tee "$out/wall.txt"
+    exit 0
+fi
 python -m mxgemm.cli tune --measure "$dir" --table "$out/local.md"
 t2=$(date +%s.%N)
 cp "$dir/tune_measurements.jsonl" "$out/local_measurements.jsonl"

@@ -19,7 +19,7 @@ import json
 import logging
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -110,9 +110,24 @@ def candidates(task: Task, budget: int) -> list[dict[str, Any]]:
     rule = rules.rule_for(spec)
     if rule is None:
         return []
-    default = rule.default_hints(spec)
-    rest = sorted((h for h in rule.candidates(spec) if h != default), key=lambda h: rule.cost(spec, h))
-    return [h.to_dict() for h in [d for d in (default,) if d is not None] + rest][: max(1, budget)]
+    seeds = [h for h in (rule.default_hints(spec), _fp16_twin(task, rule)) if h is not None]
+    rest = sorted((h for h in rule.candidates(spec) if h not in seeds), key=lambda h: rule.cost(spec, h))
+    return [h.to_dict() for h in dict.fromkeys(seeds + rest)][: max(1, budget)]
+
+
+def _fp16_twin(task: Task, rule) -> Any:
+    """For a bf16 task, the hints of the fp16 record for the same shape and rule, which bf16 layers use
+    while the log has no bf16 record (:func:`mxgemm.tunelog.lookup`): tuning bf16 must not lose them."""
+    if task.a_dtype != "bfloat16":
+        return None
+    twin = replace(task, a_dtype="float16")
+    rec = tunelog.lookup(twin.key(), _build_versions(task.arch))
+    if rec is None or rec.rule != rule.name:
+        return None
+    try:
+        return rule.typed(rec.config)
+    except (TypeError, ValueError):
+        return None
 
 
 def rule_of(task: Task) -> str:

@@ -237,3 +237,18 @@ def test_measure_checks_each_candidate_against_the_reference(tmp_path, cpu_arch,
     )
     assert tune.measure(tmp_path) == []
     assert sum("is wrong, not timed" in m for m in caplog.messages) == len(manifest)
+
+
+def test_bf16_candidates_include_the_fp16_records_hints(tmp_path, monkeypatch):
+    """bf16 layers run the fp16 record's hints while the log has no bf16 record: tuning bf16 measures
+    them (second, after the defaults), so its winner is never slower than what ran before."""
+    monkeypatch.setenv("MXGEMM_TUNE_LOG", str(tmp_path / "none.json"))
+    shape = {"fmt": "mxfp4", "n": 4096, "k": 4096, "m_bucket": 64, "arch": "sm_90", "block_size": 32}
+    fp16 = tune.Task(**shape, a_dtype="float16")
+    rec = tunelog.lookup(fp16.key(), tune._build_versions("sm_90"), [tunelog.shipped_log("sm_90")])
+    assert rec is not None and rec.rule == tune.rule_of(fp16)
+    bf16 = tune.candidates(tune.Task(**shape, a_dtype="bfloat16"), 3)
+    assert (
+        bf16[1] == rec.config and len(bf16) == 3 and len({json.dumps(c, sort_keys=True) for c in bf16}) == 3
+    )
+    assert rec.config not in tune.candidates(fp16, 3)[:1], "fp16 tasks start from the defaults alone"
