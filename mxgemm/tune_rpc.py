@@ -84,9 +84,10 @@ def _measure_here(payload: str, measurer: _Measurer | None = None) -> str:
     """The function a server runs: ``payload`` JSON ``{"task", "entries" (each with the uploaded file
     name in "file"), "seconds"}`` → JSON ``{"device", "us": [µs or None per entry]}``.
 
-    The server forks each session from a process that has imported torch, and CUDA fails in such a
-    child ("initialization error"), so the session hands the work to ``measurer``, the server's; where
-    there is none or a crash took it down, to a fresh process of its own (5 s more: torch's import)."""
+    The server forks each session from a process that has imported torch, and CUDA failed in such a
+    child on the H100 (every session's first CUDA call raised), so the session hands the work to
+    ``measurer``, the server's; where there is none or a crash took it down, to a fresh process of
+    its own (5 s more: torch's import)."""
     import tvm_ffi
 
     req = json.loads(payload)
