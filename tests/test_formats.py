@@ -74,7 +74,7 @@ def test_int_constants(name):
     assert f.min_subnormal == 2.0 ** -(m - 2)
     assert f.oracle is None
     if m == 8:
-        assert f.max_normal == 127 / 64  # OCP MX v1.0: MXINT8 elements are 2s-complement with 6 fraction bits, max 127/64
+        assert f.max_normal == 127 / 64  # OCP MX v1.0: 6 fraction bits, max 127/64
 
 
 @pytest.mark.parametrize("name", ALL_FORMATS)
