@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import re
 import shutil
@@ -12,10 +13,29 @@ from pathlib import Path
 import torch
 
 
+NVCC_WHEEL_DIRS = ("cu13", "cu12")  # where NVIDIA's pip wheels put the toolkit under ``nvidia/``
+
+
+def find_nvcc() -> str | None:
+    """The nvcc on PATH, else the one of NVIDIA's pip wheels (``pip install 'mxgemm[cuda]'``:
+    nvidia-cuda-nvcc and the headers it needs, ``nvidia/cu13/bin/nvcc`` in site-packages), else None."""
+    found = shutil.which("nvcc")
+    if found is not None:
+        return found
+    importlib.invalidate_caches()
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        for sub in NVCC_WHEEL_DIRS:
+            nvcc = Path(root) / sub / "bin" / "nvcc"
+            if nvcc.is_file() and os.access(nvcc, os.X_OK):
+                return str(nvcc)
+    return None
+
+
 @functools.cache
 def nvcc_version() -> str | None:
-    """``"13.0"``-style release of the nvcc on PATH, or ``None`` if there is none."""
-    nvcc = shutil.which("nvcc")
+    """``"13.0"``-style release of :func:`find_nvcc`'s nvcc, or ``None`` if there is none."""
+    nvcc = find_nvcc()
     if nvcc is None:
         return None
     try:

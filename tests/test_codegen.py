@@ -100,8 +100,37 @@ def test_cuda_build_without_nvcc_is_a_clear_error(monkeypatch, tmp_path):
     system.nvcc_version.cache_clear()
     monkeypatch.setenv("PATH", "/nonexistent")
     try:
-        with pytest.raises(RuntimeError, match="not in the kernel cache and building it needs nvcc on PATH"):
+        with pytest.raises(
+            RuntimeError, match=r"not in the kernel cache and building it needs nvcc: .*mxgemm\[cuda\]"
+        ):
             mxgemm.build("mxfp4", n=32, k=64, target="sm_90")
+    finally:
+        monkeypatch.undo()
+        system.nvcc_version.cache_clear()
+
+
+@pytest.mark.nvcc
+def test_nvcc_from_nvidias_pip_wheels_builds(monkeypatch, tmp_path):
+    """With no nvcc on PATH, the nvcc of NVIDIA's pip wheels (``nvidia/cu13/bin/nvcc`` on sys.path, here a
+    link to this box's toolkit in that layout) builds a CUDA kernel."""
+    import shutil
+    import sys
+
+    from mxgemm import system
+
+    real = shutil.which("nvcc")
+    wheel_bin = tmp_path / "site" / "nvidia" / "cu13" / "bin"
+    wheel_bin.mkdir(parents=True)
+    (wheel_bin / "nvcc").symlink_to(real)
+    monkeypatch.setenv("MXGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    path = [p for p in os.environ["PATH"].split(os.pathsep) if not os.path.exists(os.path.join(p, "nvcc"))]
+    monkeypatch.setenv("PATH", os.pathsep.join(path))
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "site"), *sys.path])
+    system.nvcc_version.cache_clear()
+    try:
+        assert system.find_nvcc() == str(wheel_bin / "nvcc")
+        kernel = mxgemm.build("mxfp4", n=32, k=64, target="sm_90")
+        assert nvcc.FATBIN_MAGIC in kernel.path.read_bytes()  # nvcc's fatbin, inside the module
     finally:
         monkeypatch.undo()
         system.nvcc_version.cache_clear()

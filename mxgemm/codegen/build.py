@@ -137,7 +137,8 @@ class Kernel:
 
 
 NO_NVCC = (
-    "this CUDA kernel is not in the kernel cache and building it needs nvcc on PATH (the CUDA toolkit); "
+    "this CUDA kernel is not in the kernel cache and building it needs nvcc: the CUDA toolkit on PATH, or "
+    "NVIDIA's pip wheels (pip install 'mxgemm[cuda]'); "
     "cached kernels run without it, and CPU kernels never need it; or set MXGEMM_BACKEND=emulated "
     "(dequantize + F.linear, no generated kernels: slow)"
 )

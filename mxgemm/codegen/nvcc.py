@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -31,9 +30,14 @@ def gencode(arch: str) -> list[str]:
 
 def compile_fatbin(code: str, arch: str) -> bytes:
     """CUDA source → fatbin bytes for ``arch`` (raises RuntimeError with nvcc's message on failure)."""
-    nvcc = shutil.which("nvcc")
+    from mxgemm import system
+
+    nvcc = system.find_nvcc()
     if nvcc is None:
-        raise RuntimeError("CUDA kernels need nvcc on PATH (the CUDA toolkit); CPU kernels work without it")
+        raise RuntimeError(
+            "CUDA kernels need nvcc: the CUDA toolkit on PATH, or pip install 'mxgemm[cuda]'; CPU kernels "
+            "work without it"
+        )
     with tempfile.TemporaryDirectory(prefix="mxgemm-nvcc-") as d:
         src, out = Path(d) / "kernel.cu", Path(d) / "kernel.fatbin"
         src.write_text(code)
