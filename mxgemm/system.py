@@ -12,7 +12,6 @@ from pathlib import Path
 
 import torch
 
-
 NVCC_WHEEL_DIRS = ("cu13", "cu12")  # where NVIDIA's pip wheels put the toolkit under ``nvidia/``
 
 

@@ -12,7 +12,8 @@ CHUNK_FORMATS = ("mxfp4", "mxfp6_e3m2", "mxfp8_e5m2", "mxint8", "bfp3")  # the c
 TC_N, TC_K = 256, 2048  # a shape the tensor-core rule tiles for every format (N % 128, K % (32 × 16))
 # (rule, activation dtype); "mma-regs": the mma rule's register pipeline (its defaults take the ring up
 # to 16 rows); "mma-shared": its ring with 4 warps sharing one copy of the activations; "mma-pdl": its
-# ring launched with programmatic dependent launch, decoding by left shifts
+# ring launched with programmatic dependent launch, decoding by left shifts; "mma-xs": its ring past 16
+# rows with the activations in it too (buckets 64 and 128)
 RULE_CASES = (
     ("mma", "float16"),
     ("mma-regs", "float16"),
@@ -21,6 +22,8 @@ RULE_CASES = (
     ("mma", "bfloat16"),
     ("mma-regs", "bfloat16"),
     ("mma-pdl", "bfloat16"),
+    ("mma-xs", "float16"),
+    ("mma-xs", "bfloat16"),
     ("tensorcore", "float16"),
     ("gemv", "float16"),
     ("gemv", "bfloat16"),
@@ -32,6 +35,7 @@ def rule_shape(rule: str) -> tuple[int, int, tuple[int, ...]]:
     if rule == "gemv":
         return GEMV_N, GEMV_K, (1, 3, 16)
     ms = {"mma": (1, 3, 5, 16, 17, 64), **dict.fromkeys(("mma-regs", "mma-shared", "mma-pdl"), (1, 3, 5, 16))}
+    ms["mma-xs"] = (17, 64, 100, 128)
     return TC_N, TC_K, ms.get(rule, (5, 16, 17, 64))
 
 
@@ -39,7 +43,9 @@ def rule_kernel(rule: str, fmt: str, dtype: str, bias: bool, m: int, arch: str) 
     """`mxgemm.build` arguments of ``rule``'s kernel for ``m`` rows, pinned by the rule's default hints
     (``mma-regs``: the mma rule with one tile, 4 warps, 4 steps and no ring; ``mma-shared``: one tile,
     2 × 4 warps, 8 steps, a two-stage ring, activations shared by 4 warps; ``mma-pdl``: one tile, 4
-    warps, 8 steps, a two-stage ring, programmatic dependent launch, the left-shift pair decode)."""
+    warps, 8 steps, a two-stage ring, programmatic dependent launch, the left-shift pair decode;
+    ``mma-xs``: its ring holding the activations too, at 64 rows 2 tiles, 2 × 4 warps, 4 steps, two
+    stages; at 128 one tile, 8 warps, 4 steps, three stages)."""
     from mxgemm import rules
     from mxgemm.codegen import target as targets
     from mxgemm.codegen.build import KernelSpec
@@ -54,6 +60,7 @@ def rule_kernel(rule: str, fmt: str, dtype: str, bias: bool, m: int, arch: str) 
         "mma-regs": mma.Hints(1, 4, 4, 0),
         "mma-shared": mma.Hints(1, 2, 8, 2, kn=4),
         "mma-pdl": mma.Hints(**PDL_HINTS),
+        "mma-xs": mma.Hints(2, 2, 4, 2, kn=4, xs=1) if bucket == 64 else mma.Hints(1, 1, 4, 3, kn=8, xs=1),
     }
     if rule in pinned:
         hints = pinned[rule]

@@ -248,7 +248,9 @@ def test_routing_by_bucket_format_and_shape():
     assert routed("mxfp4", 4096, 4096, 16, "float16", 16) == "tensorcore"  # block 16: two scales a step
     assert routed("mxfp4", 4104, 4096, 1, "float16") == "gemv"  # N not a multiple of 16
     assert routed("mxfp4", 4096, 4096, 256, "float16") is None  # dlight
-    plans = {m: ops.plan(m, "sm_90", "mxfp4", 4096, 4096, "float16") for m in (1, 2, 5, 16, 17, 64, 65)}
+    plans = {
+        m: ops.plan(m, "sm_90", "mxfp4", 4096, 4096, "float16") for m in (1, 2, 5, 16, 17, 64, 65, 128, 129)
+    }
     assert plans == {
         1: ("linear", 1),
         2: ("linear", 4),
@@ -256,10 +258,13 @@ def test_routing_by_bucket_format_and_shape():
         16: ("linear", 16),
         17: ("linear", 64),
         64: ("linear", 64),
-        65: ("decode", None),
+        65: ("linear", 128),
+        128: ("linear", 128),
+        129: ("decode", None),
     }
     assert ops.plan(16, "sm_90", "mxfp4", 4096, 4096, "bfloat16") == ("linear", 16)
-    assert ops.plan(65, "sm_90", "mxfp4", 4096, 4096, "bfloat16") == ("decode", None)
+    assert ops.plan(65, "sm_90", "mxfp4", 4096, 4096, "bfloat16") == ("linear", 128)
+    assert ops.plan(129, "sm_90", "mxfp4", 4096, 4096, "bfloat16") == ("decode", None)
     cpu = {m: ops.plan(m, "llvm", "mxfp4", 4096, 4096, "float16") for m in (1, 3, 4, 5, 17)}
     assert cpu == {
         1: ("linear", 1),
@@ -271,9 +276,9 @@ def test_routing_by_bucket_format_and_shape():
     assert ops.plan(3, "llvm", "mxfp4", 4096, 4104, "float16", 8) == ("decode", None)  # no GEMV tiles K
 
 
-RING_HINTS = {"nt": 2, "kw": 4, "unroll": 8, "stages": 2, "kn": 1, "pdl": 0, "shl": 0}
+RING_HINTS = {"nt": 2, "kw": 4, "unroll": 8, "stages": 2, "kn": 1, "pdl": 0, "shl": 0, "xs": 0}
 # 4 warps share activations
-SHARED_HINTS = {"nt": 1, "kw": 2, "unroll": 8, "stages": 2, "kn": 4, "pdl": 0, "shl": 0}
+SHARED_HINTS = {"nt": 1, "kw": 2, "unroll": 8, "stages": 2, "kn": 4, "pdl": 0, "shl": 0, "xs": 0}
 
 
 def test_mma_ring_needs_block_32_scales():
@@ -310,6 +315,52 @@ def test_mma_ring_needs_block_32_scales():
         )  # fmt: skip
 
 
+XS_HINTS = {"nt": 2, "kw": 2, "unroll": 4, "stages": 3, "kn": 4, "pdl": 0, "shl": 0, "xs": 1}
+
+
+def test_mma_xs_hints_are_checked():
+    """``xs`` (activations in the ring past 16 rows): only with a ring, only past 16 rows, and the only
+    way past 64 rows; its slots hold the M tile's activations once per group of kn warps."""
+    import dataclasses
+
+    from mxgemm import formats, rules
+    from mxgemm.rules import mma as rules_mma
+    from mxgemm.rules.base import cheapest
+
+    mma = rules_mma
+    tgt = targets.cuda("sm_90")
+    f = formats.get("mxfp4")
+    with pytest.raises(ValueError, match="out of range"):
+        mma.Hints(1, 4, 4, 0, xs=1)  # the register pipeline has no ring
+    with pytest.raises(ValueError, match="out of range"):
+        mma.Hints(1, 2, 4, 2, kn=8)  # 8 warps a group: with xs only
+    xs = mma.Hints(**XS_HINTS)
+    assert not rules_mma.valid(xs, 4096, 16, f, 32) and rules_mma.valid(xs, 4096, 64, f, 32)
+    assert not rules_mma.valid(dataclasses.replace(xs, xs=0), 4096, 128, f, 32)
+    # a slot: 4 warps' codes (2 tiles × 16 rows × 4 steps × 16 bytes) and scales, one copy of 64 rows
+    codes, scales, acts = 2 * 16 * 4 * 16, 2 * 16 * 4, 4 * 64 * 64
+    assert mma.smem_bytes(xs, 64, 4) == (0, 2 * 3 * (4 * (codes + scales) + acts))
+    for m in (64, 128):
+        spec = KernelSpec("mxfp4", 8192, 8192, m, "bfloat16", "bfloat16", False, 32, tgt)
+        cands = rules.get("mma").candidates(spec)
+        assert any(h.xs for h in cands) and (m == 64 or all(h.xs for h in cands))
+        assert cheapest(rules.get("mma"), spec).xs == 1  # the cost model counts activation bytes
+
+
+@pytest.mark.nvcc
+def test_mma_xs_kernel_reads_activations_from_the_ring():
+    """With ``xs`` every warp of a group reads each n8 tile of activations from the ring (one 16-byte
+    ``ld.shared`` per tile and step) and the M tile's rows are copied into it, not loaded by each warp."""
+    k = mxgemm.build("mxfp4", n=512, k=1024, m_bucket=64, target="sm_90", hints=XS_HINTS, rule="mma")
+    assert k.rule == "mma" and k.info["hints"] == XS_HINTS and "__launch_bounds__(256)" in k.source
+    # 4 steps × 8 n8 tiles of reads, 4 steps × 2 tiles × 8 n8 tiles × 2 mmas, one loop body
+    reads = k.source.count("tvm_builtin_ptx_ld_vec_shared_v4_b32(") - 1  # calls, less the definition
+    assert reads == 4 * 8 and k.source.count("mma.sync") == 4 * 2 * 8 * 2
+    assert "cp.async.cg.shared.global [%0], [%1], 16" in k.source
+    big = mxgemm.build("mxfp4", n=512, k=1024, m_bucket=128, target="sm_90", a_dtype="bfloat16")
+    assert big.rule == "mma" and big.info["hints"]["xs"] == 1 and "bf16" in big.source
+
+
 @pytest.mark.nvcc
 def test_mma_hints_shape_the_kernel():
     """The mma rule's hints land in the kernel: block size (kw warps), and a tuned record that does
@@ -323,7 +374,7 @@ def test_mma_hints_shape_the_kernel():
         hints={"nt": 2, "kw": 4, "unroll": 2},
         rule="mma",
     )
-    regs = {"nt": 2, "kw": 4, "unroll": 2, "stages": 0, "kn": 1, "pdl": 0, "shl": 0}
+    regs = {"nt": 2, "kw": 4, "unroll": 2, "stages": 0, "kn": 1, "pdl": 0, "shl": 0, "xs": 0}
     assert k.rule == "mma" and k.info["hints"] == regs
     # unroll × nt × (16 rows: 2 n8 tiles of activations) × 2 mmas, in the pipelined loop and after it
     assert "__launch_bounds__(128)" in k.source and k.source.count("mma.sync") == 2 * (2 * 2 * 2 * 2)

@@ -178,6 +178,7 @@ def test_gpu_small_m_rules(fmt, rule, dtype, bias):
         assert rule != "mma-regs" or kernel.info["hints"]["stages"] == 0
         assert rule != "mma-shared" or kernel.info["hints"]["kn"] == 4
         assert rule != "mma-pdl" or kernel.info["hints"]["pdl"] == kernel.info["hints"]["shl"] == 1
+        assert rule != "mma-xs" or kernel.info["hints"]["xs"] == 1
         x = torch.randn(m, k, generator=g).to(dt).to("cuda")
         y = torch.full((m, n), float("nan"), dtype=dt, device="cuda")
         kernel(x, *planes, q.scales, *([b] if bias else []), y)

@@ -67,7 +67,10 @@ class Hints:
     the activations (1, 2, 4; more than 1 with a ring only); pdl: 1 for programmatic dependent launch
     (sm_90 and newer, with a ring): the launch and first loads overlap the previous kernel's tail;
     shl: 1 for the pair decode by left shifts only (``pairs.decode_pair(left=True)``: the FMA pipe
-    instead of the ALU pipe, which the decode keeps busiest)."""
+    instead of the ALU pipe, which the decode keeps busiest); xs: 1 (a ring, an M tile over 16 rows)
+    for activations that ride the ring too, one copy per group of ``kn`` warps (up to 8), each n8 tile
+    read from shared memory just before its mmas (without it every warp loads the whole M tile from
+    global memory: at 64 rows that is the activations once per 16 ``nt`` weight rows)."""
 
     nt: int = 4
     kw: int = 4
@@ -76,12 +79,14 @@ class Hints:
     kn: int = 1
     pdl: int = 0
     shl: int = 0
+    xs: int = 0
 
     def __post_init__(self) -> None:
         ok = self.nt in (1, 2, 4, 8) and self.kw in (1, 2, 4, 8) and self.stages in (0, 2, 3, 4)
         ok = ok and self.unroll in ((4, 8) if self.stages else (1, 2, 4))
-        ok = ok and self.kn in ((1, 2, 4) if self.stages else (1,)) and self.kw * self.kn <= 16
+        ok = ok and self.kn in ((1, 2, 4, 8) if self.stages else (1,)) and self.kw * self.kn <= 16
         ok = ok and self.pdl in ((0, 1) if self.stages else (0,)) and self.shl in (0, 1)
+        ok = ok and self.xs in ((0, 1) if self.stages else (0,)) and (self.xs or self.kn < 8)
         if not ok:
             raise ValueError(f"mma hints out of range: {self}")
 
@@ -95,7 +100,7 @@ def _ring_layout(h: Hints, bits: int, m_tile: int) -> tuple[int, int, int]:
     codes = h.nt * 16 * h.unroll * 4 * bits
     scales = h.nt * 16 * h.unroll
     x_n = -(-m_tile // 8)
-    acts = h.unroll * x_n * min(8, m_tile) * 4 * 16 if x_n <= 2 else 0
+    acts = h.unroll * x_n * min(8, m_tile) * 4 * 16 if x_n <= 2 or h.xs else 0
     return codes, scales, acts
 
 
@@ -160,7 +165,8 @@ class _Kernel:
         self.iters = self.steps // h.unroll
         self.wide = n * k >= 2**31
         self.words = 2 if 8 in self.widths else 1  # uint32 words of a lane's codes of a step, per plane
-        self.pipe_x = self.xt_n <= 2  # activations ride the pipeline (64 rows: too many registers)
+        # activations ride the pipeline (64 rows in registers: too many; in the ring with ``xs``)
+        self.pipe_x = self.xt_n <= 2 or bool(h.xs)
         # register pipeline: the scales of 4 steps in one 32-bit load (block 32, rows 4-byte aligned)
         self.s_word = not h.stages and block_size == STEP and h.unroll == 4 and (k // STEP) % 4 == 0
         if h.stages and block_size != STEP:
@@ -235,12 +241,12 @@ class _Kernel:
             seen = seen | nan_scales(scale(t, r))
         self.T.buffer_store(self.nan, seen, [0])
 
-    def step(self, word, scale) -> None:
+    def step(self, word, scale, read_x=None) -> None:
         """One K step from registers: ``word(t, r, p, i)`` uint32 word ``i`` of plane ``p`` of this
         lane's row ``r`` (0: ``quad``, 1: ``quad + 8``) of tile ``t``; ``scale(t, r)`` its float32
-        block scale; the activations already in :attr:`bfr`."""
+        block scale; the activations already in :attr:`bfr`, or (``read_x``) read into ``bfr[a]``
+        by ``read_x(a)`` one n8 tile at a time (:meth:`step_tiles`)."""
         T, h, xt_n = self.T, self.h, self.xt_n
-        ab = {"float16": "fp16", "bfloat16": "bf16"}[self.a_dtype]
         for t, g, q in itertools.product(range(h.nt), range(2), range(4)):
             # a0..a3: rows quad / quad+8 × codes (4g, 4g+1) / (4g+2, 4g+3)
             wd = lambda p, i, t=t, r=q % 2: word(t, r, p, i)  # noqa: E731
@@ -249,22 +255,58 @@ class _Kernel:
             if self.fma is not None:
                 a = self.afr[t, g, q]
                 T.evaluate(T.ptx.fma.rn.bf16x2(a, a, u32(self.fma[0]), u32(self.fma[1])))
+        if read_x is not None:
+            self.step_tiles(scale, read_x)
+            return
         for t, a in itertools.product(range(h.nt), range(xt_n)):
             for e in range(4):
                 T.buffer_store(self.tmp, tirx.const(0.0, "float32"), [t, a, e])
-            for g in range(2):
-                T.evaluate(
-                    T.ptx_legacy.mma(
-                        "m16n8k16", "row", "col", ab, ab, "fp32",
-                        self.afr.data, (t * 2 + g) * 4, self.bfr.data, (a * 2 + g) * 2,
-                        self.tmp.data, (t * xt_n + a) * 4, False, dtype="float32",
-                    )
-                )  # fmt: skip
+            self.mma_pair(t, a, self.tmp)
         for t, r in itertools.product(range(h.nt), range(2)):
             sc = scale(t, r)
             for a, e in itertools.product(range(xt_n), (2 * r, 2 * r + 1)):
                 prod = tirx.BufferLoad(self.acc, [t, a, e]) + tirx.BufferLoad(self.tmp, [t, a, e]) * sc
                 T.buffer_store(self.acc, prod, [t, a, e])
+
+    def mma_pair(self, t, a, acc) -> None:
+        """The step's two mmas of weight tile ``t`` × activation tile ``a`` into ``acc[t, a]``."""
+        ab = {"float16": "fp16", "bfloat16": "bf16"}[self.a_dtype]
+        for g in range(2):
+            self.T.evaluate(
+                self.T.ptx_legacy.mma(
+                    "m16n8k16", "row", "col", ab, ab, "fp32",
+                    self.afr.data, (t * 2 + g) * 4, self.bfr.data, (a * 2 + g) * 2,
+                    acc.data, (t * self.xt_n + a) * 4, False, dtype="float32",
+                )
+            )  # fmt: skip
+
+    def step_tiles(self, scale, read_x) -> None:
+        """The mmas of a step n8 tile by n8 tile (``xs``): read tile ``a``'s activations, then each
+        weight tile's two mmas into a zeroed fragment that is scaled into the accumulator at once, so
+        only a tile's operands and fragments are live (64 activation rows would otherwise hold 64
+        registers of operands and 64 of fragments)."""
+        T, h = self.T, self.h
+        scl = T.alloc_buffer((h.nt, 2), "float32", scope="local")
+        for t, r in itertools.product(range(h.nt), range(2)):
+            T.buffer_store(scl, scale(t, r), [t, r])
+        for a in range(self.xt_n):
+            read_x(a)
+            for t in range(h.nt):
+                for e in range(4):
+                    T.buffer_store(self.tmp, tirx.const(0.0, "float32"), [t, a, e])
+                self.mma_pair(t, a, self.tmp)
+                for e in range(4):
+                    prod = self.acc[t, a, e] + self.tmp[t, a, e] * scl[t, e // 2]
+                    T.buffer_store(self.acc, prod, [t, a, e])
+
+    def read_x(self, slot, ur, a) -> None:
+        """Activation tile ``a`` of step ``ur`` of a ring slot into ``bfr[a]`` (rows ≥ M read what the
+        slot holds: they feed only output columns that are not stored)."""
+        qn = min(8, self.m_tile)
+        idx = ((ur * self.xt_n + a) * qn + self.quad) * 4 + self.j
+        addr = self._smem(slot, self.x_off + idx * 16, own=False)
+        dst = [self.bfr[a, g, q] for g in range(2) for q in range(2)]
+        self.T.evaluate(self.T.ptx.ld.shared.v4.b32(*dst, addr))
 
     def set_x(self, xbuf, ur) -> None:
         """The activations of step ``ur`` from ``xbuf[ur, a, 0..3]`` into the mma B fragments."""
@@ -384,7 +426,7 @@ class _Kernel:
         nb = h.unroll if ahead else 2
         wreg = T.alloc_buffer((nb, h.nt, 2, len(self.widths), self.words), "uint32", scope="local")
         sreg = T.alloc_buffer((h.nt, 2, h.unroll // 4), "uint32", scope="local")
-        xreg = self._zeroed((nb, self.xt_n, 4)) if self.pipe_x else None
+        xreg = self._zeroed((nb, self.xt_n, 4)) if self.pipe_x and not h.xs else None
         xcur = None if self.pipe_x else self._zeroed((h.unroll, self.xt_n, 4))
         self.nan = self._zeroed((1,))  # nonzero once one of this lane's rows had a NaN scale (255)
         commit = T.ptx["cp.async.commit_group"]
@@ -412,7 +454,9 @@ class _Kernel:
             for ur in range(h.unroll):
                 if not ahead and ur + 1 < h.unroll:
                     self.read_steps(slot, [ur + 1], wreg, xreg)
-                if self.pipe_x:
+                if h.xs:
+                    pass  # each n8 tile from the ring, in :meth:`step`
+                elif self.pipe_x:
                     self.set_x(xreg, ur % nb)
                 else:
                     self.set_x(xcur, ur)
@@ -420,7 +464,8 @@ class _Kernel:
                 def scale(t, r, ur=ur):  # code 255: +inf, made NaN by the flag
                     return scale_exponent(tirx.BufferLoad(sreg, [t, r, ur // 4]), ur % 4)
 
-                self.step(lambda t, r, p, i, b=ur % nb: tirx.BufferLoad(wreg, [b, t, r, p, i]), scale)
+                word = lambda t, r, p, i, b=ur % nb: tirx.BufferLoad(wreg, [b, t, r, p, i])  # noqa: E731
+                self.step(word, scale, (lambda a, ur=ur: self.read_x(slot, ur, a)) if h.xs else None)
 
     def prefetch_l2(self) -> None:
         """L2 prefetch of this warp's codes and scales of the ring's first ``stages - 1`` iterations

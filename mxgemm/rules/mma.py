@@ -1,5 +1,5 @@
 """GPU rule ``mma``: tensor cores fed from registers for fp16 or bf16 activations at small and mid M (buckets
-1, 4, 16, 64). This module is the policy (when it applies, the hint space, the defaults, the cost
+1, 4, 16, 64, 128). This module is the policy (when it applies, the hint space, the defaults, the cost
 model); the kernel and what its hints mean are :mod:`mxgemm.codegen.mma`.
 """
 
@@ -14,7 +14,7 @@ from mxgemm.codegen import target as targets
 from mxgemm.codegen.mma import RING_SMEM, SMEM, STEP, Hints, kernel, smem_bytes
 from mxgemm.rules.base import Rule, Scheduled, cheapest, cuda_linear, preferred
 
-M_TILES = (1, 4, 16, 64)  # M buckets this rule serves
+M_TILES = (1, 4, 16, 64, 128)  # M buckets this rule serves (128: only with activations in the ring, ``xs``)
 
 
 def fits(h: Hints, n: int, k: int) -> bool:
@@ -34,12 +34,17 @@ def valid(
     """Whether ``h`` tiles N, fits the shared memory (:func:`smem_fits`: ``ring_smem`` dynamic bytes,
     :data:`RING_SMEM` or the arch's limit if lower) for ``fmt``'s codes,
     keeps the accumulators ≤ 64 registers and, with a ring, has one scale per step (and past 16
-    rows, where the activations are loaded each iteration, not ringed, 4 steps: 8 would spill)."""
+    rows, where the activations are loaded each iteration unless they ride the ring (``xs``), 4 steps
+    and one warp a group: 8 would spill). ``xs`` only past 16 rows (up to 16 the activations always
+    ride the ring), and past 64 rows only ``xs``."""
+    if (h.xs and m_tile <= 16) or (m_tile > 64 and not h.xs):
+        return False
     return (
         n % (16 * h.nt * h.kn) == 0
         and smem_fits(h, m_tile, fmt.bits, ring_smem)
         and h.nt * -(-m_tile // 8) <= 16
-        and not (h.stages and (block_size != STEP or (m_tile > 16 and (h.unroll > 4 or h.kn > 1))))
+        and not (h.stages and block_size != STEP)
+        and not (m_tile > 16 and not h.xs and (h.unroll > 4 or h.kn > 1))
     )
 
 
@@ -47,9 +52,11 @@ def space(
     n: int, m_tile: int, fmt: formats.Format, block_size: int = STEP, ring_smem: int = RING_SMEM
 ) -> list[Hints]:
     """Every :func:`valid` hint set for N = ``n`` at ``m_tile`` rows (deterministic order)."""
-    regs = itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4), (0,), (1,), (0,), (0, 1))
-    rings = itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (4, 8), (2, 3, 4), (1, 2, 4), (0, 1), (0, 1))
-    hints = (Hints(*p) for p in itertools.chain(regs, rings) if p[1] * p[4] <= 16)
+    regs = itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4), (0,), (1,), (0,), (0, 1), (0,))
+    rings = itertools.product(
+        (1, 2, 4, 8), (1, 2, 4, 8), (4, 8), (2, 3, 4), (1, 2, 4, 8), (0, 1), (0, 1), (0, 1)
+    )
+    hints = (Hints(*p) for p in itertools.chain(regs, rings) if p[1] * p[4] <= 16 and (p[7] or p[4] < 8))
     return [h for h in hints if valid(h, n, m_tile, fmt, block_size, ring_smem)]
 
 
@@ -84,10 +91,12 @@ class Mma(Rule):
         inflight = warps * 32 * 2 * bits * h.unroll * h.nt * max(1, h.stages - 1)
         starved = max(1.0, sms * 24 * 1024 / inflight)
         waves = -(-blocks // (sms * max(1, 16 // (h.kw * h.kn))))
-        regs = 1.0 + 0.1 * max(0, h.nt * -(-m_tile // 8) - 8)
+        regs = 1.0 + (0.05 if h.xs else 0.1) * max(0, h.nt * -(-m_tile // 8) - 8)
         ring = 1.0 + 0.05 * (h.stages - 2) + 0.08 * (h.unroll == 4)
         measured = ring if h.stages else 1.15 + 0.05 * h.unroll
-        return starved * regs * measured * (1 + 0.02 * h.kw) * (1 + 0.05 * (waves > 1))
+        # past 16 rows: activation bytes loaded per weight byte (a group of kn warps shares them with xs)
+        acts = 0.0 if m_tile <= 16 else m_tile * 64 / (h.kn if h.xs else 1) / (h.nt * 64 * bits)
+        return starved * regs * measured * (1 + 0.02 * h.kw) * (1 + 0.05 * (waves > 1)) * (1 + 0.25 * acts)
 
     def default_hints(self, spec: Any) -> Hints | None:
         """The first candidate of the arch's table row (``schedules/<arch>.json``: by M tile and 16-row
