@@ -12,8 +12,8 @@ warning naming the tensor.
 
 GPT-OSS / transformers (``quant_method: "mxfp4"``, :class:`transformers.Mxfp4Config`): mxfp4 (E2M1),
 group 32. A tensor ``<t>`` is stored as ``<t>_blocks`` uint8 ``[..., n, k/32, 16]`` (even index in
-the low nibble) and ``<t>_scales`` uint8 ``[..., n, k/32]``: mxgemm's portable bytes, reshaped. In
-GPT-OSS only the MoE experts are: ``mlp.experts.gate_up_proj`` (``n`` = 2 x intermediate, gate and up
+the low nibble) and ``<t>_scales`` uint8 ``[..., n, k/32]``: mxgemm's portable bytes, reshaped.
+GPT-OSS stores only its MoE experts so: ``mlp.experts.gate_up_proj`` (``n`` = 2 x intermediate, gate and up
 rows interleaved, ``k`` = hidden) and ``mlp.experts.down_proj`` (``n`` = hidden, ``k`` =
 intermediate), each with a leading expert dimension (:func:`gpt_oss_experts` decodes them); mxgemm
 reads and writes a quantized Linear ``<m>`` the same way (``<m>.weight_blocks``, ``<m>.weight_scales``).
@@ -42,7 +42,7 @@ CT_FORMATS_BY_FMT = {fmt: name for name, (fmt, _) in CT_FORMATS.items()}
 CT_GROUP = 32
 CT_255 = "as 2**128 (inf in bfloat16)"
 GPT_OSS, GPT_OSS_METHOD = "gpt-oss", "mxfp4"  # the format's name here, its quant_method
-GPT_OSS_GROUP_BYTES = 16  # bytes of one group of 32 fp4 codes: the last dim of ``*_blocks``
+GPT_OSS_GROUP, GPT_OSS_GROUP_BYTES = 32, 16  # fp4 codes per scale; their bytes, the last dim of *_blocks
 
 
 class InteropError(ValueError):
@@ -194,14 +194,15 @@ def gpt_oss(qc: dict[str, Any], a_dtype: str = "bfloat16") -> tuple[MxConfig, Na
     if not isinstance(skip, list):
         raise InteropError(f"mxfp4 quantization_config: modules_to_not_convert is {skip!r}, expected a list")
     plain = [m for m in skip if isinstance(m, str) and not any(c in m for c in "*?[]()|\\^$+{}")]
-    return MxConfig("mxfp4", block_size=32, a_dtype=a_dtype, modules_to_not_convert=plain), GPT_OSS_NAMING
+    config = MxConfig("mxfp4", block_size=GPT_OSS_GROUP, a_dtype=a_dtype, modules_to_not_convert=plain)
+    return config, GPT_OSS_NAMING
 
 
 def gpt_oss_config(config: MxConfig, ignore: list[str]) -> tuple[dict[str, Any], Naming]:
     """(the ``quant_method: "mxfp4"`` ``quantization_config``, Naming) that stores ``config``'s weights
     in the GPT-OSS layout, the Linears named in ``ignore`` left in full precision; InteropError unless
     ``config`` is weight-only mxfp4 with blocks of 32."""
-    _check_writable(config, GPT_OSS, ["mxfp4"], 32)
+    _check_writable(config, GPT_OSS, ["mxfp4"], GPT_OSS_GROUP)
     return {"quant_method": GPT_OSS_METHOD, "modules_to_not_convert": sorted(ignore)}, GPT_OSS_NAMING
 
 
@@ -221,7 +222,7 @@ def gpt_oss_experts(blocks: torch.Tensor, scales: torch.Tensor, name: str = "exp
         )
     GPT_OSS_NAMING.warn_255(scales, f"{name}_scales")
     e, n, g = scales.shape
-    return MxWeight(codes, scales, "mxfp4", 32, (e, n, g * 32))
+    return MxWeight(codes, scales, "mxfp4", GPT_OSS_GROUP, (e, n, g * GPT_OSS_GROUP))
 
 
 READERS = {CT_METHOD: compressed_tensors, GPT_OSS_METHOD: gpt_oss}  # quant_method -> reader

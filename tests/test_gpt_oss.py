@@ -130,6 +130,38 @@ def test_experts_decode_as_ml_dtypes_and_transformers_do():
         gpt_oss_experts(blocks.flatten(-2), scales)
 
 
+def test_experts_of_a_gpt_oss_checkpoint_as_transformers_loads_them(tmp_path):
+    """A tiny GptOssForCausalLM checkpoint with mxfp4 experts: transformers' loader (dequantize=True)
+    gives each expert weight as the transpose of gpt_oss_experts' [E, n, k] (n, k as documented);
+    load_quantized, which runs Linears only, says where to look."""
+    cfg = transformers.GptOssConfig(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=32, vocab_size=48, num_local_experts=2, num_experts_per_tok=1,
+        max_position_embeddings=32, layer_types=["full_attention"],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    state = {k: v.contiguous() for k, v in transformers.GptOssForCausalLM(cfg).state_dict().items()}
+    gen = torch.Generator().manual_seed(0)
+    experts = "model.layers.0.mlp.experts."
+    for proj, n, k in (("gate_up_proj", 2 * 96, 64), ("down_proj", 64, 96)):
+        del state[experts + proj]
+        blocks, scales = f"{experts}{proj}_blocks", f"{experts}{proj}_scales"
+        state[blocks] = torch.randint(0, 256, (2, n, k // 32, 16), dtype=torch.uint8, generator=gen)
+        state[scales] = torch.randint(115, 135, (2, n, k // 32), dtype=torch.uint8, generator=gen)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    skip = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+    qc = transformers.Mxfp4Config(modules_to_not_convert=skip).to_dict()
+    (tmp_path / "config.json").write_text(json.dumps({**cfg.to_dict(), "quantization_config": qc}))
+    dense = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), dtype=torch.float32, quantization_config=transformers.Mxfp4Config(dequantize=True)
+    )
+    for proj in ("gate_up_proj", "down_proj"):
+        w = gpt_oss_experts(state[f"{experts}{proj}_blocks"], state[f"{experts}{proj}_scales"], proj)
+        assert torch.equal(dense.get_parameter(experts + proj), mxgemm.dequantize(w).float().transpose(1, 2))
+    with pytest.raises(CheckpointError, match=r"gate_up_proj_blocks/_scales: .*interop.gpt_oss_experts"):
+        load_quantized(transformers.GptOssForCausalLM(cfg), tmp_path)
+
+
 def test_gpt_oss_errors_and_code_255_warning(tmp_path):
     """Other formats/blocks are refused before anything is written; a foreign scale code 255 warns,
     naming the tensor; blocks in another layout are a clear error."""
