@@ -41,6 +41,7 @@ _SUBMODULES = (
     "config",
     "demo",
     "formats",
+    "interop",
     "layout",
     "module",
     "ops",

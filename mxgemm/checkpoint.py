@@ -4,7 +4,8 @@ A quantized Linear ``<m>`` is stored as ``<m>.weight_blocks`` / ``<m>.weight_sca
 :mod:`mxgemm.packing`); every other tensor as is. Loading reads tensors only through safetensors (no
 pickle), swaps the Linears that the checkpoint holds quantized for :class:`MxLinear`, and checks
 every tensor's presence, shape and dtype, naming the tensor and file on any mismatch. Checkpoints of
-compressed-tensors' MX formats load too, and can be written (:mod:`mxgemm.interop`).
+compressed-tensors' MX formats and of GPT-OSS' mxfp4 layout load too, and can be written
+(:mod:`mxgemm.interop`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def read_config(path: str | Path) -> tuple[dict, MxConfig]:
 
 def read_quantization(path: str | Path) -> tuple[dict, MxConfig, interop.Naming]:
     """(config.json as a dict, its MxConfig, how its tensors are named) of a quantized model directory:
-    mxgemm's, or compressed-tensors' MX formats."""
+    mxgemm's, compressed-tensors' MX formats, or transformers' mxfp4 (GPT-OSS)."""
     cfg_path = _checked(Path(path) / "config.json")
     try:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
@@ -52,8 +53,8 @@ def read_quantization(path: str | Path) -> tuple[dict, MxConfig, interop.Naming]
     if not isinstance(qc, dict):
         raise CheckpointError(f"{cfg_path}: quantization_config is {qc!r}, expected a JSON object")
     try:
-        if qc.get("quant_method") == interop.CT_METHOD:
-            return cfg, *interop.compressed_tensors(qc)
+        if (reader := interop.READERS.get(qc.get("quant_method"))) is not None:
+            return cfg, *reader(qc)
         return cfg, MxConfig.from_dict(qc), interop.MXGEMM
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise CheckpointError(f"{cfg_path}: {e}") from e
@@ -63,8 +64,9 @@ def save_quantized(model: nn.Module, path: str | Path, config: MxConfig, format:
     """Write ``model`` (after :func:`mxgemm.quantize_`) as ``path/model.safetensors`` + config.json.
 
     ``format="compressed-tensors"`` writes compressed-tensors' layout of the same bytes instead
-    (mxfp4, mxfp6_e2m3 and mxfp8_e4m3 with blocks of 32; :mod:`mxgemm.interop`), which vLLM and
-    compressed-tensors read; mxgemm reads it back too.
+    (mxfp4, mxfp6_e2m3 and mxfp8_e4m3 with blocks of 32), which vLLM and compressed-tensors read;
+    ``format="gpt-oss"`` writes GPT-OSS' ``quant_method: "mxfp4"`` layout (mxfp4 with blocks of 32).
+    mxgemm reads both back (:mod:`mxgemm.interop`).
 
     config.json is the model's own (``model.config.to_dict()`` for Hugging Face models, if any) with
     ``quantization_config`` added; it is written last, so its presence marks a complete checkpoint.
@@ -73,13 +75,13 @@ def save_quantized(model: nn.Module, path: str | Path, config: MxConfig, format:
     (say, the full-precision model) is refused with a :class:`CheckpointError` before anything is written.
     """
     path = Path(path)
-    if format not in ("mxgemm", interop.CT_METHOD):
-        raise ValueError(f"format must be 'mxgemm' or {interop.CT_METHOD!r}, got {format!r}")
-    qc = config.to_dict()
-    if format == interop.CT_METHOD:
+    if format != "mxgemm" and format not in interop.WRITERS:
+        raise ValueError(f"format must be one of {('mxgemm', *interop.WRITERS)}, got {format!r}")
+    qc, naming = config.to_dict(), interop.MXGEMM
+    if format in interop.WRITERS:
         plain = [n for n, m in model.named_modules() if type(m) is nn.Linear]
         try:
-            qc, naming = interop.compressed_tensors_config(config, plain)
+            qc, naming = interop.WRITERS[format](config, plain)
         except interop.InteropError as e:
             raise CheckpointError(f"cannot save {path} as {format}: {e}") from e
     if path.exists() and not path.is_dir():
@@ -88,7 +90,7 @@ def save_quantized(model: nn.Module, path: str | Path, config: MxConfig, format:
         raise CheckpointError(f"cannot save into {path}: {why}; save into a new or empty directory")
     path.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    if format == interop.CT_METHOD:
+    if naming.foreign:
         tensors = _renamed(tensors, model, naming)
     old = [n for n in shards.checkpoint_files(path) if n != "config.json"]  # an earlier mxgemm save's
     for name in sorted(old, key=lambda n: not n.endswith(".index.json")):  # the index first
@@ -106,14 +108,14 @@ def _renamed(
     tensors: dict[str, torch.Tensor], model: nn.Module, naming: interop.Naming
 ) -> dict[str, torch.Tensor]:
     """``tensors`` (a state dict of ``model``) with each MxLinear's blocks and scales under
-    ``naming``'s names, the codes viewed as its codes dtype."""
+    ``naming``'s names, the codes as it stores them."""
     out = dict(tensors)
     for name, mod in model.named_modules():
         if isinstance(mod, MxLinear):
             for ours, theirs in naming.renames(name):
                 if ours in out:
                     t = out.pop(ours)
-                    out[theirs] = t.view(naming.codes_dtype) if ours.endswith(BLOCKS) else t
+                    out[theirs] = naming.stored(t) if ours.endswith(BLOCKS) else t
     return out
 
 
@@ -177,20 +179,15 @@ def _open(file: Path):
 
 
 def _foreign_tensor(t: torch.Tensor, name: str, file: Path, naming: interop.Naming) -> torch.Tensor:
-    """A foreign checkpoint's codes (of ``naming.codes_dtype``) as uint8 bytes, its scales as they are
-    (with a warning where they hold E8M0 code 255, which that writer decodes otherwise)."""
+    """A foreign checkpoint's codes as mxgemm's uint8 bytes (:meth:`~mxgemm.interop.Naming.unstored`),
+    its scales as they are (with a warning where they hold E8M0 code 255, which that writer decodes
+    otherwise)."""
     if name.endswith(naming.blocks):
-        if t.dtype != naming.codes_dtype:
-            raise CheckpointError(
-                f"tensor {name!r} in {file} is {t.dtype}, {naming.method} stores {naming.codes_dtype}"
-            )
-        return t.view(torch.uint8)
-    if t.dtype == torch.uint8 and (nan := int((t == 255).sum())):
-        warnings.warn(
-            f"tensor {name!r} in {file} holds E8M0 code 255 in {nan} block(s): mxgemm decodes it as NaN "
-            f"(OCP MX), {naming.method} as 2**128 (inf in bfloat16)",
-            stacklevel=3,
-        )
+        try:
+            return naming.unstored(t, name)
+        except interop.InteropError as e:
+            raise CheckpointError(f"{file}: {e}") from e
+    naming.warn_255(t, name, f" in {file}", stacklevel=3)
     return t
 
 
@@ -251,9 +248,16 @@ def load_quantized(model: nn.Module, path: str | Path, device: torch.device | st
     tied = _tied_elsewhere(state, files)
     missing = [k for k in state if k not in files and k not in tied]
     if missing:
+        packed = [k for k in missing if f"{k}_blocks" in files]  # GPT-OSS MoE experts, say
         raise CheckpointError(
             f"{path}: checkpoint lacks tensor(s) {', '.join(missing[:10])}"
             + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+            + (
+                f"; it holds {packed[0]}_blocks/_scales: quantized tensors of modules other than Linear "
+                "(mxgemm.interop.gpt_oss_experts decodes GPT-OSS experts)"
+                if packed
+                else ""
+            )
         )
     buffers = {name for name, _ in model.named_buffers()}  # non-persistent ones are not in state_dict
     extra = [k for k in files if k not in state and k not in buffers]

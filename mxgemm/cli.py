@@ -370,8 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument(
         "--output-format",
         default="mxgemm",
-        choices=("mxgemm", "compressed-tensors"),
-        help="mxgemm's checkpoint, or compressed-tensors' (vLLM; mxfp4, mxfp6_e2m3, mxfp8_e4m3, block 32)",
+        choices=("mxgemm", "compressed-tensors", "gpt-oss"),
+        help="mxgemm's checkpoint, compressed-tensors' (vLLM; mxfp4, mxfp6_e2m3, mxfp8_e4m3, block 32), or "
+        "GPT-OSS' (transformers quant_method mxfp4; mxfp4, block 32)",
     )
     k.set_defaults(func=_pack)
     _add_bench(sub)

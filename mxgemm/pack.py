@@ -14,7 +14,9 @@ Output: one shard per input shard (same file names, safetensors metadata :func:`
 byte-reproducible), ``model.safetensors.index.json``, every other file and folder of the source, and
 ``config.json`` with ``quantization_config`` (:meth:`MxConfig.to_dict`).
 ``output_format="compressed-tensors"`` names and types the same bytes as compressed-tensors does, with
-its ``quantization_config`` (:mod:`mxgemm.interop`; mxfp4, mxfp6_e2m3, mxfp8_e4m3, blocks of 32). Shards
+its ``quantization_config`` (mxfp4, mxfp6_e2m3, mxfp8_e4m3, blocks of 32); ``output_format="gpt-oss"``
+stores them as GPT-OSS does (transformers' ``quant_method: "mxfp4"``; mxfp4, blocks of 32): see
+:mod:`mxgemm.interop`. Shards
 are read tensor by tensor and written to a temporary file, then renamed into place. A manifest
 (:data:`MANIFEST`) records the configuration and each finished shard's source size and mtime, so an
 interrupted run resumes where it stopped. The index and config.json are written last, then the manifest
@@ -161,7 +163,8 @@ def pack(
             (resumed; a symbolic link in it is refused); not ``src_dir`` nor inside it.
         config: format, block size, scale mode, rounding, ``modules_to_not_convert``.
         progress: show a tqdm bar over tensors on stderr.
-        output_format: ``"mxgemm"``, or ``"compressed-tensors"`` (what vLLM and compressed-tensors read).
+        output_format: ``"mxgemm"``, ``"compressed-tensors"`` (what vLLM and compressed-tensors read) or
+            ``"gpt-oss"`` (GPT-OSS' layout, transformers' ``quant_method: "mxfp4"``).
 
     Returns:
         :class:`PackReport`. Warns (``UserWarning``) listing the layers left in full precision because
@@ -221,7 +224,7 @@ def pack(
     qc = config.to_dict()
     if naming.foreign:
         ignore = {*config.modules_to_not_convert, *_unconverted(source, config)}
-        qc = interop.compressed_tensors_config(config, sorted(ignore))[0]
+        qc = interop.WRITERS[output_format](config, sorted(ignore))[0]
     _write_json(out / CONFIG, {**source.config, "quantization_config": qc})
     (out / MANIFEST).unlink()
     return PackReport(
@@ -419,16 +422,16 @@ def _prepare_output(out: Path, config: MxConfig, output_format: str = QUANT_METH
 
 
 def _naming(config: MxConfig, output_format: str) -> interop.Naming:
-    """How the packed tensors are named: mxgemm's, or compressed-tensors' (PackError if it cannot
-    hold ``config``)."""
+    """How the packed tensors are named: mxgemm's, or one of :data:`mxgemm.interop.WRITERS`' (PackError
+    if it cannot hold ``config``)."""
     if output_format == QUANT_METHOD:
         return interop.MXGEMM
-    if output_format != interop.CT_METHOD:
+    if output_format not in interop.WRITERS:
         raise PackError(
-            f"output_format must be {QUANT_METHOD!r} or {interop.CT_METHOD!r}, got {output_format!r}"
+            f"output_format must be one of {(QUANT_METHOD, *interop.WRITERS)}, got {output_format!r}"
         )
     try:
-        return interop.compressed_tensors_config(config, [])[1]
+        return interop.WRITERS[output_format](config, [])[1]
     except interop.InteropError as e:
         raise PackError(f"cannot pack as {output_format}: {e}") from e
 
@@ -469,7 +472,7 @@ def _pack_shard(
                 )
                 module = linear_module(name, info, config)
                 codes, scales = naming.names(module)
-                out[codes], out[scales] = q.blocks.view(naming.codes_dtype), q.scales
+                out[codes], out[scales] = naming.stored(q.blocks), q.scales
                 rows.append(LayerRow(module, info.shape, q.bits_per_weight, sqnr_db(w, dequantize(q))))
             else:
                 out[name] = w
