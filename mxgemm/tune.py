@@ -102,15 +102,18 @@ def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[s
 
 
 def candidates(task: Task, budget: int) -> list[dict[str, Any]]:
-    """The routed rule's defaults first, then up to ``budget - 1`` other hints that fit the shape,
-    cheapest first by its cost model (deterministic)."""
+    """The routed rule's defaults first, the hints of the logs' record for the task (a re-tune is
+    measured against what it would replace, in the same run) and, for bf16, of the fp16 record, then
+    up to ``budget`` in all with other hints that fit the shape, cheapest first by its cost model
+    (deterministic)."""
     from mxgemm import rules
 
     spec = task.spec()
     rule = rules.rule_for(spec)
     if rule is None:
         return []
-    seeds = [h for h in (rule.default_hints(spec), _fp16_twin(task, rule)) if h is not None]
+    seeds = (rule.default_hints(spec), _recorded(task, rule), _fp16_twin(task, rule))
+    seeds = [h for h in seeds if h is not None]
     rest = sorted((h for h in rule.candidates(spec) if h not in seeds), key=lambda h: rule.cost(spec, h))
     return [h.to_dict() for h in dict.fromkeys(seeds + rest)][: max(1, budget)]
 
@@ -120,8 +123,12 @@ def _fp16_twin(task: Task, rule) -> Any:
     while the log has no bf16 record (:func:`mxgemm.tunelog.lookup`): tuning bf16 must not lose them."""
     if task.a_dtype != "bfloat16":
         return None
-    twin = replace(task, a_dtype="float16")
-    rec = tunelog.lookup(twin.key(), _build_versions(task.arch))
+    return _recorded(replace(task, a_dtype="float16"), rule)
+
+
+def _recorded(task: Task, rule) -> Any:
+    """The hints of the logs' current record for ``task`` if it is ``rule``'s, else None."""
+    rec = tunelog.lookup(task.key(), _build_versions(task.arch))
     if rec is None or rec.rule != rule.name:
         return None
     try:
