@@ -113,9 +113,31 @@ def candidates(task: Task, budget: int) -> list[dict[str, Any]]:
     if rule is None:
         return []
     seeds = (rule.default_hints(spec), _recorded(task, rule), _fp16_twin(task, rule))
-    seeds = [h for h in seeds if h is not None]
+    seeds = list(dict.fromkeys(h for h in seeds if h is not None))
     rest = sorted((h for h in rule.candidates(spec) if h not in seeds), key=lambda h: rule.cost(spec, h))
-    return [h.to_dict() for h in dict.fromkeys(seeds + rest)][: max(1, budget)]
+    return [h.to_dict() for h in _diverse(seeds, rest, max(1, budget))]
+
+
+def _diverse(seeds: list, ranked: list, budget: int) -> list:
+    """``seeds``, then the first of ``ranked`` (cheapest first) of each new shape, its hints less the
+    on/off flags (hints whose every candidate is 0 or 1), then the rest in order, ``budget`` in all:
+    the near-ties of a cost model (one kernel with its flags flipped) do not fill the budget alone."""
+    fields = (
+        [f for f in ranked[0].to_dict() if any(h.to_dict()[f] not in (0, 1) for h in ranked)]
+        if ranked
+        else []
+    )
+
+    def shape(h) -> tuple:
+        return tuple(h.to_dict()[f] for f in fields)
+
+    taken = seeds[:budget]
+    seen = {shape(h) for h in taken}
+    for h in ranked:
+        if len(taken) < budget and shape(h) not in seen:
+            taken.append(h)
+            seen.add(shape(h))
+    return taken + [h for h in ranked if h not in taken][: budget - len(taken)]
 
 
 def _fp16_twin(task: Task, rule) -> Any:

@@ -1,6 +1,6 @@
 """Build the CUDA kernels of the GPU tests here (no GPU needed) into $MXGEMM_CACHE_DIR, so a GPU box with
 only the TVM runtime can run them: ``MXGEMM_CACHE_DIR=DIR python -m tests.prebuild_gpu sm_90 [JOBS [SETS]]``
-with SETS a comma list of linear, ops, rules, module, minilm (default: all)."""
+with SETS a comma list of linear, ops, rules, xs, module, minilm (default: all; xs is part of rules)."""
 
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -92,6 +92,17 @@ def rule_cases(arch):
                 yield dict(fmt=fmt, n=GEMV_N, k=GEMV_K, a_dtype=dt, op="decode", target=arch)
 
 
+def xs_cases(arch):
+    """tests.test_linear's ``mma-xs`` cases alone (the ring that holds the activations past 16 rows)."""
+    from tests.linear_cases import rule_kernel, rule_shape
+
+    for fmt in FORMATS:
+        for bias in (False, True):
+            for dt in DTYPES:
+                for m in rule_shape("mma-xs")[2]:
+                    yield rule_kernel("mma-xs", fmt, dt, bias, m, arch)
+
+
 def ops_cases(arch):
     """tests.test_ops's GPU dispatch test: its layers at its M."""
     from tests.test_ops import GPU_CASES, GPU_M, K, N
@@ -105,6 +116,7 @@ SETS = {
     "linear": cases,
     "ops": ops_cases,
     "rules": rule_cases,
+    "xs": xs_cases,
     "module": module_cases,
     "minilm": minilm_cases,
 }

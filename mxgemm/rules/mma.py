@@ -91,7 +91,7 @@ class Mma(Rule):
         inflight = warps * 32 * 2 * bits * h.unroll * h.nt * max(1, h.stages - 1)
         starved = max(1.0, sms * 24 * 1024 / inflight)
         waves = -(-blocks // (sms * max(1, 16 // (h.kw * h.kn))))
-        regs = 1.0 + (0.05 if h.xs else 0.1) * max(0, h.nt * -(-m_tile // 8) - 8)
+        regs = 1.0 + (0.03 if h.xs else 0.1) * max(0, h.nt * -(-m_tile // 8) - 8)
         ring = 1.0 + 0.05 * (h.stages - 2) + 0.08 * (h.unroll == 4)
         measured = ring if h.stages else 1.15 + 0.05 * h.unroll
         # past 16 rows: activation bytes loaded per weight byte (a group of kn warps shares them with xs)
