@@ -3,8 +3,8 @@
 Method: every candidate runs inside a CUDA graph of ``CALLS`` launches that
 rotate through enough weight copies to defeat L2; graph replays are timed with CUDA events and the
 median replay / CALLS is reported. The same run measures device-to-device copy bandwidth (bytes read +
-written per second) and cuBLAS fp16, so ratios compare like with like. Results go to
-``benchmarks/results/<gpu>/bench.{json,md,png}``.
+written per second) and cuBLAS fp16 and bf16, so ratios (against cuBLAS of the activations' dtype)
+compare like with like. Results go to ``benchmarks/results/<gpu>/bench.{json,md,png}``.
 
 Kernels are built ahead of time (``--build-only``, any machine with nvcc) into ``$MXGEMM_CACHE_DIR`` so
 the GPU box needs only the TVM runtime.
@@ -28,6 +28,7 @@ MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
 FORMATS = ("mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "mxint8", "bfp8")
 L2_DEFEAT_BYTES = 256 << 20  # rotate weight copies until this many bytes are in flight
 CALLS = 20  # launches per graph
+DECODE_ROWS_FROM = 32  # from this M, also time decode + cuBLAS (mxgemm_decode) wherever a fused kernel runs
 REPLAYS = 7
 
 
@@ -35,11 +36,12 @@ def build_specs(shapes, ms, fmts, a_dtype: str, arch: str) -> list[dict[str, Any
     """The `mxgemm.build` arguments of every kernel a run needs (what `mxgemm.linear` picks per M)."""
     from mxgemm.ops import build_args
 
+    decoded = (DECODE_ROWS_FROM,) if max(ms) >= DECODE_ROWS_FROM else ()  # the mxgemm_decode rows' kernel
     specs = [
         build_args(m, fmt=f, n=n, k=k, a_dtype=a_dtype, target=arch)
         for f in fmts
         for n, k in shapes
-        for m in ms
+        for m in (*ms, *(max(ms + (4096,)),) * bool(decoded))
     ]
     return list({json.dumps(s, sort_keys=True): s for s in specs}.values())
 
@@ -187,6 +189,8 @@ def run(
                 ]
                 calls = [(lambda qi=qi, xi=x[adt]: mxgemm.linear(xi, qi)) for qi in cps]
                 add("mxgemm", f, _time_graph(_cycle(calls)), nbytes)
+                if m >= DECODE_ROWS_FROM:
+                    add("mxgemm_decode", f, _time_graph(_cycle(_decoded_calls(cps, x[adt]))), nbytes)
                 if compare_default:
                     with _tuned(False):
                         add("mxgemm_default", f, _time_graph(_cycle(calls)), nbytes)
@@ -202,9 +206,10 @@ def run(
         torch.cuda.empty_cache()
         partial.parent.mkdir(parents=True, exist_ok=True)
         partial.write_text(json.dumps({"copy_tbs": copy_tbs, "rows": rows}))
-    base = {(r["n"], r["k"], r["m"]): r["us"] for r in rows if r["method"] == "cublas_fp16"}
+    same = "cublas_fp16" if a_dtype == "float16" else "cublas_bf16"  # cuBLAS of the activations' dtype
+    base = {(r["n"], r["k"], r["m"]): r["us"] for r in rows if r["method"] == same}
     for r in rows:
-        r["vs_cublas_fp16"] = base[(r["n"], r["k"], r["m"])] / r["us"]
+        r["vs_cublas"] = base[(r["n"], r["k"], r["m"])] / r["us"]
     result = {
         "gpu": torch.cuda.get_device_name(),
         "a_dtype": a_dtype,
@@ -225,6 +230,20 @@ def run(
         print("matplotlib missing: no plot (python -m mxgemm.bench --plot bench.json on another machine)")
     print(markdown(result))
     return result
+
+
+def _decoded_calls(qs: list, x: torch.Tensor) -> list:
+    """Calls of decode + cuBLAS (``x`` ``[m, k]`` fp16/bf16 @ each weight of ``qs``), what runs where no
+    fused kernel does: the alternative to the fused kernels at mid M."""
+    from mxgemm import formats, ops
+
+    bits = formats.get(qs[0].fmt).bits
+    planes = [ops._planes(q.blocks, bits) for q in qs]
+    n, k = qs[0].shape
+    return [
+        (lambda p=p, q=q: ops._decode_then_cublas(x, p, q.scales, None, q.fmt, q.block_size, n, k))
+        for p, q in zip(planes, qs, strict=True)
+    ]
 
 
 def _cycle(calls: list) -> list:
@@ -257,14 +276,21 @@ def _commit() -> str | None:
         return None
 
 
+def _ratio(row: dict[str, Any]) -> float:
+    """A row's speedup over cuBLAS of the run's activation dtype (runs before 2026-11-25: over fp16)."""
+    return row["vs_cublas"] if "vs_cublas" in row else row["vs_cublas_fp16"]
+
+
 def markdown(result: dict[str, Any]) -> str:
-    """One table per shape: µs and speedup vs cuBLAS fp16 per M, and M=1 weight-stream % of copy bandwidth."""
+    """One table per shape: µs and speedup vs cuBLAS of the activations' dtype per M, and M=1
+    weight-stream % of copy bandwidth."""
     rows = result["rows"]
     lines = [
         f"# mxgemm bench — {result['gpu']}, {result['date']}, commit {result['commit']}",
         "",
         f"a_dtype {result['a_dtype']}; d2d copy {result['copy_tbs']:.2f} TB/s (read+write); "
-        "cells: µs (x speedup vs cuBLAS fp16); L2 defeated by rotating weight copies; CUDA-graph medians.",
+        f"cells: µs (x speedup vs cuBLAS {result['a_dtype']}); mxgemm_decode: decode + cuBLAS; L2 defeated "
+        "by rotating weight copies; CUDA-graph medians.",
         "",
     ]
     methods = sorted({(r["method"], r["fmt"]) for r in rows}, key=lambda t: (t[0] != "cublas_fp16", t))
@@ -290,7 +316,7 @@ def markdown(result: dict[str, Any]) -> str:
                     ),
                     None,
                 )
-                cells.append("–" if r is None else f"{r['us']:.1f} ({r['vs_cublas_fp16']:.2f}x)")
+                cells.append("–" if r is None else f"{r['us']:.1f} ({_ratio(r):.2f}x)")
                 if r is not None and m == 1:
                     pct = f"{r['pct_copy']:.0f}%"
             lines.append(f"| {meth} {fmt} | " + " | ".join(cells) + f" | {pct} |")
@@ -308,8 +334,8 @@ def speedup_axes(ax: Any, n: int, k: int) -> None:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    """Speedup vs cuBLAS fp16 over M, one panel per shape, one line per mxgemm format, with the
-    memory roofline of each format (the bytes ratio) where the GEMM is memory-bound."""
+    """Speedup vs cuBLAS (of the activations' dtype) over M, one panel per shape, one line per mxgemm
+    format, with the memory roofline of each format (the bytes ratio) where the GEMM is memory-bound."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -323,7 +349,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
             {(r["method"], r["fmt"]) for r in rows if r["method"] in ("mxgemm", "cublas_bf16")}
         ):
             pts = sorted(
-                (r["m"], r["vs_cublas_fp16"])
+                (r["m"], _ratio(r))
                 for r in rows
                 if (r["n"], r["k"], r["method"], r["fmt"]) == (n, k, meth, fmt)
             )
@@ -332,7 +358,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 r0 = next(r for r in rows if (r["n"], r["k"], r["method"], r["fmt"]) == (n, k, meth, fmt))
                 ax.axhline(n * k * 2 / r0["weight_bytes"], color=line.get_color(), ls=":", lw=0.8)
         speedup_axes(ax, n, k)
-    axes[0][0].set_ylabel("speedup vs cuBLAS fp16 (dotted: bytes roofline)")
+    axes[0][0].set_ylabel("speedup vs cuBLAS (dotted: bytes roofline)")
     axes[0][-1].legend(fontsize=6)
     fig.suptitle(f"mxgemm {result['a_dtype']} on {result['gpu']} ({result['date']}, {result['commit']})")
     fig.tight_layout()

@@ -59,9 +59,10 @@ def plan(
     Zen 5, 4096² mxfp4, bf16: 2 rows 9.5 ms dynamic-M, 3.5 decoded, 1.0 GEMV; a 16-row GEMV bucket
     took 7.2 ms against 2.2 decoded: it streams the 16 rows of activations from L2 once per output.)
     CUDA, asking the rules (:mod:`mxgemm.rules`) which apply, by what measured fastest on an H100
-    (``benchmarks/README.md``): ``mma`` wherever it applies (fp16 or bf16, up to 64 rows); else the
-    small-M rules up to ``DECODE_ABOVE`` rows (up to 2 for sub-byte codes when ``tensorcore`` applies:
-    it wins from 3 rows there); ``tensorcore`` up to 64 rows; decode + cuBLAS beyond."""
+    (``benchmarks/README.md``): ``mma`` wherever it applies (fp16 or bf16, up to 128 rows; past 16 rows
+    with the activations in its ring); else the small-M rules up to ``DECODE_ABOVE`` rows (up to 2 for
+    sub-byte codes when ``tensorcore`` applies: it wins from 3 rows there); ``tensorcore`` up to 64
+    rows; decode + cuBLAS beyond."""
     from mxgemm import rules
     from mxgemm.layout import plane_widths
     from mxgemm.rules.tensorcore import M_TILES as TC_TILES
