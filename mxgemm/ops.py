@@ -25,6 +25,10 @@ ACT_DTYPES = tuple(A_DTYPES.values())
 _DTYPE_NAMES = {v: k for k, v in A_DTYPES.items()}  # torch.float16 -> "float16"
 FP16_MAX = 65504.0
 DECODE_ABOVE = 4  # CUDA, more rows than this: decode W in 16 bits, then cuBLAS (see `plan`)
+# CUDA M buckets where decode + cuBLAS competes with the fused kernel and the tune log decides (a
+# record of rule DECODE_RULE: decode + cuBLAS measured fastest); 128: fused only where a record says so
+DECIDED_BUCKETS, FUSED_IF_TUNED = (64, 128), (128,)
+DECODE_RULE = "dequant"  # the rule of the standalone decode kernel
 CPU_FUSED_UP_TO = 4  # CPU, up to this many rows: the few-row GEMV (cpu_gemv), where it tiles the shape
 CPU_CHUNK_MB = 4.0  # CPU: MB of decoded weights per chunk (L2/L3-resident when the GEMM reads them)
 BACKEND_ENV = "MXGEMM_BACKEND"
@@ -62,7 +66,9 @@ def plan(
     (``benchmarks/README.md``): ``mma`` wherever it applies (fp16 or bf16, up to 128 rows; past 16 rows
     with the activations in its ring); else the small-M rules up to ``DECODE_ABOVE`` rows (up to 2 for
     sub-byte codes when ``tensorcore`` applies: it wins from 3 rows there); ``tensorcore`` up to 64
-    rows; decode + cuBLAS beyond."""
+    rows; decode + cuBLAS beyond. In the buckets :data:`DECIDED_BUCKETS` the tune log decides: a
+    :data:`DECODE_RULE` record (decode + cuBLAS timed faster than every fused candidate) routes to the
+    decode, and the bucket 128 runs fused only where a record of a fused rule says so."""
     from mxgemm import rules
     from mxgemm.layout import plane_widths
     from mxgemm.rules.tensorcore import M_TILES as TC_TILES
@@ -83,6 +89,10 @@ def plan(
     if m == 1:
         return "linear", bucket
 
+    if bucket in DECIDED_BUCKETS:
+        rec = builder.tuned_hints(fmt, n, k, bucket, a_dtype, tgt, block_size or f.block_size)
+        if (rec[0] if rec else None) == DECODE_RULE or (rec is None and bucket in FUSED_IF_TUNED):
+            return "decode", None
     if rules.get("mma").applies(spec(bucket)):
         return "linear", bucket
     tc_bucket = next((b for b in TC_TILES if m <= b), None)
@@ -277,11 +287,13 @@ def clear_kernels() -> None:
     _routes.clear()
 
 
-def _decode_then_cublas(x2, planes, scales, bias, fmt, block_size, n, k) -> torch.Tensor:
-    """``x2 @ W.T (+ bias)`` with W decoded into ``x2.dtype`` by the generated decode kernel, then
-    cuBLAS; with :func:`decode_chunk_rows` < n, a row chunk at a time (``Y.T[chunk] = W[chunk] @ x2.T``)."""
+def _decode_then_cublas(x2, planes, scales, bias, fmt, block_size, n, k, kernel=None) -> torch.Tensor:
+    """``x2 @ W.T (+ bias)`` with W decoded into ``x2.dtype`` by the generated decode kernel (``kernel``,
+    else the cached one), then cuBLAS; with :func:`decode_chunk_rows` < n, a row chunk at a time
+    (``Y.T[chunk] = W[chunk] @ x2.T``)."""
     rows = decode_chunk_rows(n, k)
-    kernel = _kernel(x2.device, fmt, rows, k, None, x2.dtype, False, block_size, "decode")
+    if kernel is None:
+        kernel = _kernel(x2.device, fmt, rows, k, None, x2.dtype, False, block_size, "decode")
     w = torch.empty(rows, k, dtype=x2.dtype, device=x2.device)
     if rows == n:
         _run(kernel, [*planes, scales, w])

@@ -25,13 +25,14 @@ from typing import Any
 
 import torch
 
-from mxgemm import formats, tunelog
+from mxgemm import formats, ops, tunelog
 from mxgemm.codegen import build as builder
 from mxgemm.codegen import target as targets
 
 log = logging.getLogger(__name__)
 MANIFEST = "tune_manifest.json"
 MEASUREMENTS = "tune_measurements.jsonl"
+DECODE_RULE = ops.DECODE_RULE  # candidates of this rule: decode + cuBLAS (DecodeThenGemm)
 CPU_CALLS = 40  # timed calls per CPU candidate (cycling the weight copies)
 
 
@@ -172,10 +173,24 @@ def rule_of(task: Task) -> str:
 # ---- step 1: build ---------------------------------------------------------------------------------
 
 
-def _build_one(item: tuple[Task, dict[str, Any]]) -> dict[str, Any] | None:
+def _decode_competes(task: Task) -> bool:
+    """Whether decode + cuBLAS is a candidate of ``task`` (a CUDA bucket where the log decides between
+    it and the fused kernels: :data:`mxgemm.ops.DECIDED_BUCKETS`)."""
+    return not task.arch.startswith("llvm") and task.m_bucket in ops.DECIDED_BUCKETS
+
+
+def _build_one(item: tuple[Task, dict[str, Any] | None]) -> dict[str, Any] | None:
+    """Build one candidate (``hints``; None: the decode kernel of decode + cuBLAS) into the cache."""
     task, hints = item
     t0 = time.perf_counter()
     try:
+        if hints is None:  # W decoded in chunks of rows by the kernel of op "decode", then cuBLAS
+            rows = ops.decode_chunk_rows(task.n, task.k)
+            kern = builder.build(
+                task.fmt, n=rows, k=task.k, a_dtype=task.a_dtype, target=task.target(),
+                block_size=task.block_size, op="decode",
+            )  # fmt: skip
+            return _entry(task, {}, kern, t0)
         kern = builder.build(
             task.fmt, n=task.n, k=task.k, m_bucket=task.m_bucket, a_dtype=task.a_dtype, target=task.target(),
             block_size=task.block_size, hints=hints, rule=rule_of(task),
@@ -185,6 +200,10 @@ def _build_one(item: tuple[Task, dict[str, Any]]) -> dict[str, Any] | None:
         return None
     if kern.info.get("hints") != hints:  # the rule fell back to its defaults: not this candidate
         return None
+    return _entry(task, hints, kern, t0)
+
+
+def _entry(task: Task, hints: dict[str, Any], kern: builder.Kernel, t0: float) -> dict[str, Any]:
     return {
         "task": asdict(task),
         "hints": hints,
@@ -199,7 +218,7 @@ def build(todo: list[Task], budget: int, out_dir: Path, jobs: int = 2, progress=
     """Build every candidate of ``todo`` into the kernel cache; write the manifest to ``out_dir``."""
     from concurrent.futures import ProcessPoolExecutor
 
-    items = [(t, h) for t in todo for h in candidates(t, budget)]
+    items = [(t, h) for t in todo for h in (*candidates(t, budget), *[None] * _decode_competes(t))]
     entries = []
     with ProcessPoolExecutor(jobs) as pool:
         for e in pool.map(_build_one, items):
@@ -328,10 +347,13 @@ def measure_task(
     if not cpu and not torch.cuda.is_available():
         raise TuneError(f"{task.arch} kernels need a CUDA GPU to measure")
     device = torch.device("cpu" if cpu else "cuda")
-    kernels = []
+    kernels: list[Any] = []
     for e in group:
         path = Path(e["path"]) if Path(e["path"]).is_absolute() else root / e["path"]
-        kernels.append(builder.Kernel(task.spec(), path, {"rule": e["rule"], "hints": e["hints"]}))
+        if e["rule"] == DECODE_RULE:
+            kernels.append(DecodeThenGemm(task, path))
+        else:
+            kernels.append(builder.Kernel(task.spec(), path, {"rule": e["rule"], "hints": e["hints"]}))
     ok = []
     for e, kernel in zip(group, kernels, strict=True):
         wrong = check(kernel, task, device)
@@ -350,6 +372,28 @@ def measure_task(
                 break
             us[i] = _time(kernels[i], task)
     return us
+
+
+class DecodeThenGemm:
+    """Decode + cuBLAS as a candidate of ``task``: the decode kernel at ``path`` writes W in the
+    activations' dtype a chunk of rows at a time, cuBLAS multiplies (:func:`mxgemm.ops._decode_then_cublas`);
+    called as the fused kernels are, ``(x, *planes, scales, y)``."""
+
+    rule = DECODE_RULE
+
+    def __init__(self, task: Task, path: Path) -> None:
+        self.task = task
+        rows = ops.decode_chunk_rows(task.n, task.k)
+        dt = task.a_dtype
+        spec = builder.KernelSpec(
+            task.fmt, rows, task.k, None, dt, dt, False, task.block_size, task.target(), op="decode"
+        )
+        self.kernel = builder.Kernel(spec, path, {"rule": DECODE_RULE, "hints": {}})
+
+    def __call__(self, x: torch.Tensor, *args: torch.Tensor) -> None:
+        *planes, scales, y = args
+        t = self.task
+        y.copy_(ops._decode_then_cublas(x, planes, scales, None, t.fmt, t.block_size, t.n, t.k, self.kernel))
 
 
 def records(task: Task, timed: list[tuple[dict[str, Any], float]], device: str) -> list[tunelog.Record]:
@@ -425,7 +469,9 @@ def summary(records: list[tunelog.Record]) -> str:
         seen.setdefault(r.key(), []).append(r)
     for rs in seen.values():
         d, b = rs[0], min(rs, key=lambda r: r.us)
-        hints = " ".join(f"{k}={v}" for k, v in b.config.items())
+        hints = (
+            " ".join(f"{k}={v}" for k, v in b.config.items()) if b.rule != DECODE_RULE else "decode + cuBLAS"
+        )
         gain = d.us / b.us
         rows.append(
             f"| {d.fmt} | {d.n} | {d.k} | {_bucket(d.m_bucket)} | {d.us:.1f} | {b.us:.1f} | {gain:.2f}x "

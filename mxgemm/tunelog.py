@@ -192,7 +192,9 @@ def user_log(arch: str) -> Path:
     return Path(env) if env else Path(platformdirs.user_data_dir("mxgemm")) / "tune_logs" / f"{arch}.json"
 
 
-SHARED_ACROSS_DTYPES = ("mma",)  # rules whose hints shape the fp16 and bf16 kernels alike
+# rules whose records hold for fp16 and bf16 alike: mma's hints shape both kernels alike; a dequant
+# record (decode + cuBLAS beat the fused kernels) times the same decode and a GEMM of the same speed
+SHARED_ACROSS_DTYPES = ("mma", "dequant")
 
 
 def lookup(key: tuple, versions: dict[str, str | None], paths: list[Path] | None = None) -> Record | None:

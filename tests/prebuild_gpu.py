@@ -93,7 +93,8 @@ def rule_cases(arch):
 
 
 def xs_cases(arch):
-    """tests.test_linear's ``mma-xs`` cases alone (the ring that holds the activations past 16 rows)."""
+    """tests.test_linear's ``mma-xs`` cases (the ring that holds the activations past 16 rows) and
+    tests.test_tune's GPU test (decode + cuBLAS as a candidate)."""
     from tests.linear_cases import rule_kernel, rule_shape
 
     for fmt in FORMATS:
@@ -101,6 +102,8 @@ def xs_cases(arch):
             for dt in DTYPES:
                 for m in rule_shape("mma-xs")[2]:
                     yield rule_kernel("mma-xs", fmt, dt, bias, m, arch)
+    # tests.test_tune's decode candidate
+    yield dict(fmt="mxfp4", n=256, k=2048, a_dtype="bfloat16", op="decode", target=arch)
 
 
 def ops_cases(arch):

@@ -227,12 +227,16 @@ def test_cuda_rules_by_bucket():
     assert nvcc.FATBIN_MAGIC in sm80.path.read_bytes()
 
 
-def test_routing_by_bucket_format_and_shape():
+def test_routing_by_bucket_format_and_shape(monkeypatch):
     """One routing for `mxgemm.build` and `mxgemm tune` (`rules.rule_for`), and the M → kernel plan of
-    `mxgemm.linear` (`ops.plan`): fp16 up to 64 rows runs the mma rule where it tiles the shape, except
-    8-bit codes at M=1 (gemv), and so does bf16; beyond 64 rows, decode + cuBLAS."""
+    `mxgemm.linear` (`ops.plan`), untuned: fp16 up to 64 rows runs the mma rule where it tiles the
+    shape, except 8-bit codes at M=1 (gemv), and so does bf16; beyond 64 rows, decode + cuBLAS (the
+    128-row mma kernels run where the tune log says so: test_tune_log_decides_fused_or_decode)."""
     from mxgemm import ops, rules
 
+    monkeypatch.setenv("MXGEMM_TUNED", "0")
+    ops.plan.cache_clear()
+    monkeypatch.setattr(ops, "plan", ops.plan)  # the cache is cleared again on the way out
     tgt = targets.cuda("sm_90")
 
     def routed(fmt, n, k, bucket, dt, block=32):
@@ -258,13 +262,13 @@ def test_routing_by_bucket_format_and_shape():
         16: ("linear", 16),
         17: ("linear", 64),
         64: ("linear", 64),
-        65: ("linear", 128),
-        128: ("linear", 128),
+        65: ("decode", None),
+        128: ("decode", None),
         129: ("decode", None),
     }
     assert ops.plan(16, "sm_90", "mxfp4", 4096, 4096, "bfloat16") == ("linear", 16)
-    assert ops.plan(65, "sm_90", "mxfp4", 4096, 4096, "bfloat16") == ("linear", 128)
-    assert ops.plan(129, "sm_90", "mxfp4", 4096, 4096, "bfloat16") == ("decode", None)
+    assert ops.plan(65, "sm_90", "mxfp4", 4096, 4096, "bfloat16") == ("decode", None)
+    ops.plan.cache_clear()
     cpu = {m: ops.plan(m, "llvm", "mxfp4", 4096, 4096, "float16") for m in (1, 3, 4, 5, 17)}
     assert cpu == {
         1: ("linear", 1),
@@ -274,6 +278,40 @@ def test_routing_by_bucket_format_and_shape():
         17: ("decode", None),
     }
     assert ops.plan(3, "llvm", "mxfp4", 4096, 4104, "float16", 8) == ("decode", None)  # no GEMV tiles K
+
+
+def test_tune_log_decides_fused_or_decode(monkeypatch, tmp_path):
+    """In the buckets 64 and 128 a tune record chooses between the fused kernel and decode + cuBLAS
+    (a ``dequant`` record: decode + cuBLAS timed fastest); the bucket 128 runs fused only where a record
+    of a fused rule says so; bf16 follows fp16's record where it has none."""
+    from mxgemm import ops, tunelog
+    from mxgemm.codegen.build import versions
+
+    log = tmp_path / "sm_90.json"
+    monkeypatch.setenv("MXGEMM_TUNE_LOG", str(log))
+    shape = dict(fmt="mxfp4", n=4096, k=4096, arch="sm_90", block_size=32)
+    now = versions(targets.cuda("sm_90"))
+
+    def record(m_bucket, rule, config):
+        return tunelog.Record(
+            **shape, m_bucket=m_bucket, a_dtype="float16", rule=rule, config=config, us=1.0, gpu="test",
+            versions=tunelog.rule_versions(rule, now),
+        )  # fmt: skip
+
+    def plans():
+        ops.plan.cache_clear()
+        return [
+            ops.plan(m, "sm_90", "mxfp4", 4096, 4096, dt) for m in (64, 128) for dt in ("float16", "bfloat16")
+        ]
+
+    try:
+        monkeypatch.setattr(tunelog, "shipped_log", lambda arch: tmp_path / "none.json")
+        assert plans() == [("linear", 64)] * 2 + [("decode", None)] * 2  # untuned
+        xs = {"nt": 1, "kw": 1, "unroll": 8, "stages": 2, "kn": 4, "pdl": 0, "shl": 0, "xs": 1}
+        tunelog.merge(log, [record(64, "dequant", {}), record(128, "mma", xs)])
+        assert plans() == [("decode", None)] * 2 + [("linear", 128)] * 2
+    finally:
+        ops.plan.cache_clear()
 
 
 RING_HINTS = {"nt": 2, "kw": 4, "unroll": 8, "stages": 2, "kn": 1, "pdl": 0, "shl": 0, "xs": 0}

@@ -252,3 +252,30 @@ def test_candidates_include_the_records_hints(tmp_path, monkeypatch):
     bf16 = tune.candidates(tune.Task(**shape, a_dtype="bfloat16"), 3)
     assert bf16[1] == recorded and len(bf16) == 3 and len({json.dumps(c, sort_keys=True) for c in bf16}) == 3
     assert tune.candidates(fp16, 3)[1] == recorded
+
+
+@pytest.mark.nvcc
+def test_mid_m_tasks_time_decode_then_cublas_too(tmp_path, monkeypatch):
+    """In the buckets where the log decides between the fused kernel and decode + cuBLAS
+    (`ops.DECIDED_BUCKETS`), a task's candidates include the decode kernel (rule dequant, no hints);
+    elsewhere they do not."""
+    monkeypatch.setenv("MXGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    mid = tune.Task("mxfp4", 256, 512, 64, "float16", "sm_90", block_size=32)
+    low = dataclasses.replace(mid, m_bucket=16)
+    entries = tune.build([mid, low], 2, tmp_path)
+    decode = [e for e in entries if e["rule"] == tune.DECODE_RULE]
+    assert [e["task"]["m_bucket"] for e in decode] == [64] and decode[0]["hints"] == {}
+    assert len([e for e in entries if e["task"]["m_bucket"] == 64]) == 3
+
+
+@pytest.mark.gpu
+def test_gpu_decode_candidate_is_checked_and_timed():
+    """Decode + cuBLAS as a tune candidate: checked against the reference and timed like a kernel."""
+    from mxgemm import ops
+
+    task = tune.Task("mxfp4", 256, 2048, 64, "bfloat16", "sm_90", block_size=32)
+    rows = ops.decode_chunk_rows(task.n, task.k)
+    kernel = mxgemm.build("mxfp4", n=rows, k=task.k, a_dtype="bfloat16", target="sm_90", op="decode")
+    candidate = tune.DecodeThenGemm(task, kernel.path)
+    assert tune.check(candidate, task, torch.device("cuda")) is None
+    assert 0 < tune._time(candidate, task) < 1e4

@@ -91,7 +91,11 @@ def schedule(
 
 
 def hints_problem(rule: str, config: Any) -> str | None:
-    """Why ``config`` is not a hint set of ``rule`` (as a tune record names them), or None."""
+    """Why ``config`` is not a hint set of ``rule`` (as a tune record names them), or None. A rule
+    without hints takes the empty set (a record of it: that rule measured fastest, e.g. ``dequant``,
+    decode + cuBLAS, where :func:`mxgemm.ops.plan` lets the log decide)."""
+    if rule in RULES and rule not in TUNABLE and config == {}:
+        return None
     if rule not in TUNABLE:
         return f"no rule {rule!r} with hints (tunable rules: {', '.join(TUNABLE)})"
     try:
