@@ -350,7 +350,8 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser(
         "demo",
         help="the main job: pack SmolLM2-135M-Instruct per format, run it (perplexity, greedy answer, "
-        "tokens/s) next to fp32; --minilm: the sentence-encoder demo",
+        "tokens/s; on a GPU also eager vs CUDA graph next to fp16) next to fp32; --speed-only: the tokens/s "
+        "table alone, random weights, no GGUF; --minilm: the sentence-encoder demo",
     )
     d.add_argument(
         "--minilm", action="store_true", help="the small encoder demo instead (all-MiniLM-L6-v2, embeddings)"
