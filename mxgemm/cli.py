@@ -42,6 +42,16 @@ def _info(_: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    given = [
+        k for k in ("build_only", "formats", "out", "new_tokens", "device") if getattr(args, k) is not None
+    ]
+    speed_opts = ["--" + k.replace("_", "-") for k in given if getattr(args, k) is not False]
+    if args.speed_only or speed_opts:
+        if not args.speed_only:
+            return _demo_error(f"{', '.join(speed_opts)} go with --speed-only")
+        if args.minilm or args.model is not None:
+            return _demo_error("--speed-only times the LLM demo's model, not --minilm/--model")
+        return _demo_speed(args)
     if args.minilm or args.model is not None:
         from mxgemm import demo
 
@@ -50,6 +60,59 @@ def _demo(args: argparse.Namespace) -> int:
         from mxgemm import demo_llm
 
         demo_llm.run()
+    return 0
+
+
+def _demo_error(message: str) -> int:
+    print(f"mxgemm demo: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _demo_formats(text: str | None) -> tuple[str, ...] | None:
+    """``--formats`` → a tuple of ``fmt`` / ``fmt:scale_mode`` (None: the default); ValueError names a
+    bad one."""
+    if text is None:
+        return None
+    out = tuple(f.strip() for f in text.split(",") if f.strip())
+    for spec in out:
+        name, _, mode = spec.partition(":")
+        if name not in formats.names():
+            raise ValueError(f"unknown format {name!r} in --formats; one of {', '.join(formats.names())}")
+        if mode and mode not in SCALE_MODES:
+            raise ValueError(f"unknown scale mode {mode!r} in --formats; one of {', '.join(SCALE_MODES)}")
+    if not out:
+        raise ValueError("--formats is empty")
+    return out
+
+
+def _demo_speed(args: argparse.Namespace) -> int:
+    """``mxgemm demo --speed-only [--build-only]``."""
+    try:
+        fmts = _demo_formats(args.formats)
+        if args.new_tokens is not None and args.new_tokens < 2:
+            raise ValueError(
+                f"--new-tokens must be at least 2 (the first is not timed), got {args.new_tokens}"
+            )
+    except ValueError as e:
+        return _demo_error(str(e))
+    from mxgemm import demo_speed
+
+    fmts = fmts or demo_speed.SPEED_FORMATS
+    if args.build_only:
+        from mxgemm import bench
+
+        try:
+            specs = demo_speed.build_specs(fmts, args.arch)
+        except ValueError as e:
+            return _demo_error(str(e))
+        bench.build_only(specs, jobs=args.jobs)
+        return 0
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        return _demo_error("--device cuda: torch sees no CUDA GPU")
+    kwargs = {} if args.new_tokens is None else {"new_tokens": args.new_tokens}
+    demo_speed.speed_only(args.device, fmts, out_dir=args.out, **kwargs)
     return 0
 
 
@@ -282,6 +345,48 @@ def _tune_measure(args: argparse.Namespace, kdir) -> int:
     return 0
 
 
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    """The ``demo`` subcommand's options."""
+    d = sub.add_parser(
+        "demo",
+        help="the main job: pack SmolLM2-135M-Instruct per format, run it (perplexity, greedy answer, "
+        "tokens/s; on a GPU also eager vs CUDA graph next to fp16) next to fp32; --speed-only: the tokens/s "
+        "table alone, random weights, no GGUF; --minilm: the sentence-encoder demo",
+    )
+    d.add_argument(
+        "--minilm", action="store_true", help="the small encoder demo instead (all-MiniLM-L6-v2, embeddings)"
+    )
+    d.add_argument("--model", type=Path, default=None, help="HF encoder dir for --minilm (default: bundled)")
+    d.add_argument(
+        "--speed-only",
+        action="store_true",
+        help="only the decode tokens/s table (batch 1, greedy, 16-token prompt), of SmolLM2-135M-Instruct's "
+        "architecture with seeded random weights (no GGUF file, no tokenizer): the reference (fp16 on a GPU, "
+        "fp32 on CPU) and each of --formats, eager and, on a GPU, with the decode step in a CUDA graph",
+    )
+    d.add_argument(
+        "--formats",
+        metavar="FMT[:SCALE_MODE],...",
+        help="--speed-only: comma list of formats (default mxfp4,mxfp8_e4m3)",
+    )
+    d.add_argument("--new-tokens", type=int, default=None, help="--speed-only: tokens generated (default 24)")
+    d.add_argument(
+        "--device", choices=("cuda", "cpu"), default=None, help="--speed-only: default cuda if present"
+    )
+    d.add_argument(
+        "--out", type=Path, default=None, help="--speed-only: also write OUT/demo-speed.{txt,json}"
+    )
+    d.add_argument(
+        "--build-only",
+        action="store_true",
+        help="--speed-only: only build the CUDA kernels its GPU run needs (every Linear shape x format x "
+        "M 1 and 16, fp16) into the kernel cache ($MXGEMM_CACHE_DIR): nvcc, no GPU",
+    )
+    d.add_argument("--arch", default="sm_90", help="CUDA arch for --build-only")
+    d.add_argument("--jobs", type=int, default=2, help="parallel builds for --build-only")
+    d.set_defaults(func=_demo)
+
+
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     """The ``bench`` subcommand's options."""
     b = sub.add_parser(
@@ -326,16 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("info", help="versions of mxgemm/TVM/torch/CUDA/nvcc and visible GPUs").set_defaults(
         func=_info
     )
-    d = sub.add_parser(
-        "demo",
-        help="the main job: pack SmolLM2-135M-Instruct per format, run it (perplexity, greedy answer, "
-        "tokens/s) next to fp32; --minilm: the sentence-encoder demo",
-    )
-    d.add_argument(
-        "--minilm", action="store_true", help="the small encoder demo instead (all-MiniLM-L6-v2, embeddings)"
-    )
-    d.add_argument("--model", type=Path, default=None, help="HF encoder dir for --minilm (default: bundled)")
-    d.set_defaults(func=_demo)
+    _add_demo(sub)
     k = sub.add_parser("pack", help="quantize a Hugging Face model directory's linear weights (safetensors)")
     k.add_argument(
         "model_dir",

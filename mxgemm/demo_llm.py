@@ -12,6 +12,12 @@ transformers. They are saved once as a Hugging Face checkpoint, then, for each f
   ``mxgemm/data/apache-2.0.txt``), one forward pass, and how often its next-token argmax is fp32's;
 - a greedy generation for :data:`PROMPT` (the chat template), and its decode speed in tokens/s;
 - the packed checkpoint's size.
+
+With a CUDA GPU, a second table follows: decode tokens/s of the fp16 model (every Linear an
+``nn.Linear``) and of each format (``MxLinear``, fp16 activations), eager and with the decode step in
+a CUDA graph (static KV cache, ``torch.compile(mode="reduce-overhead")``): :mod:`mxgemm.demo_speed`.
+:func:`speed_only` (``mxgemm demo --speed-only``) prints that table alone, for random weights of the
+same architecture: no GGUF file needed.
 """
 
 from __future__ import annotations
@@ -88,12 +94,17 @@ def perplexity(model: torch.nn.Module, ids: torch.Tensor) -> tuple[float, torch.
     return torch.exp(out.loss.float()).item(), out.logits[0].argmax(-1)
 
 
+def prompt_ids(tok) -> torch.Tensor:
+    """:data:`PROMPT` in the chat template: int64 ``[1, tokens]``."""
+    chat = [{"role": "user", "content": PROMPT}]
+    enc = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    return enc["input_ids"]
+
+
 def generate(model: torch.nn.Module, tok, device: str) -> tuple[str, float]:
     """(greedy answer to :data:`PROMPT`, up to the end-of-sequence token; decode tokens/s: the time of
     :data:`NEW_TOKENS` tokens less that of the first, which holds the prefill)."""
-    chat = [{"role": "user", "content": PROMPT}]
-    enc = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    ids = enc["input_ids"].to(device)
+    ids = prompt_ids(tok).to(device)
 
     def timed(n: int) -> tuple[torch.Tensor, float]:
         if device == "cuda":
@@ -158,8 +169,33 @@ def run(
             ppl, top = perplexity(model, ids)
             agree = (top == ref_top).float().mean().item()
             rows.append(LlmRow(fmt, ppl, agree, *_answer(model, tok, device, out)))
+        speed = _gpu_speed(ref_dir, prompt_ids(tok), formats) if device == "cuda" else None
     _print(rows, ids.shape[1], device)
+    if speed is not None:
+        print()
+        print(speed)
     return rows
+
+
+def _gpu_speed(ref_dir: Path, ids: torch.Tensor, formats: tuple[str, ...]) -> str:
+    """The GPU decode-speed table (:mod:`mxgemm.demo_speed`) of the fp32 reference's weights in fp16 and
+    packed in each of ``formats``, for ``ids`` (int64 ``[1, prompt]``)."""
+    import transformers
+
+    from mxgemm import demo_speed
+
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(ref_dir), dtype=torch.float32)
+    base = base.to("cuda").eval()
+    rows = demo_speed.speed_table(base, ids, formats)
+    return demo_speed.table(rows, base.device, ids.shape[1], NEW_TOKENS)
+
+
+def speed_only(device: str | None = None, formats: tuple[str, ...] | None = None, **kwargs):
+    """``mxgemm demo --speed-only``: :func:`mxgemm.demo_speed.speed_only` (random weights, no GGUF
+    file; ``formats`` default :data:`mxgemm.demo_speed.SPEED_FORMATS`); returns its rows."""
+    from mxgemm import demo_speed
+
+    return demo_speed.speed_only(device, formats or demo_speed.SPEED_FORMATS, **kwargs)
 
 
 def _answer(model, tok, device: str, path: Path) -> tuple[str, float, float]:
