@@ -6,7 +6,9 @@ The stack is two Llama-3-8B decoder layers' seven projections (q, k, v, o, gate,
 step, 436 M weights, 870 MB in 16 bits, so L2 holds none of it between calls). A step calls each layer
 on its own input ``[m, in_features]``; eager steps are timed back to back with CUDA events (the host
 path counts), graph steps as one captured step replayed. Peers, when they run here: torch's int4
-tinygemm (bf16, group 32, what torchao's int4 weight-only uses). Results go to
+tinygemm (bf16, group 32, what torchao's int4 weight-only uses) and, where ``gemlite`` is installed
+(the ``peers`` extra), GemLite's MX layer of the same format (mxfp4: ``A16W4_MXFP``, mxfp8_e4m3:
+``A16W8_MXFP``; it autotunes its Triton kernels on each M's first call, in the warm-up). Results go to
 ``benchmarks/results/<gpu>/stack.{json,md}``.
 """
 
@@ -101,6 +103,23 @@ class _Tinygemm(nn.Module):
         return torch._weight_int4pack_mm(x, self.w, self.group, self.sz)
 
 
+GEMLITE = {"mxfp4": "A16W4_MXFP", "mxfp8_e4m3": "A16W8_MXFP"}  # GemLite 0.6's layer per format
+
+
+def _gemlite(dense: list[nn.Linear], fmt: str) -> list[nn.Module] | None:
+    """GemLite's MX layers for ``dense`` (fp16/bf16 ``nn.Linear``), None where gemlite is not
+    installed or has no layer of ``fmt``."""
+    try:
+        from gemlite import helper
+    except ImportError:
+        return None
+    if fmt not in GEMLITE:
+        return None
+    w = dense[0].weight
+    make = getattr(helper, GEMLITE[fmt])(device=str(w.device), dtype=w.dtype)
+    return [make.from_linear(lin, del_orig=False) for lin in dense]
+
+
 def host_cost(fmt: str = "mxfp4", n: int = 1024, k: int = 4096, calls: int = 200) -> dict[str, float]:
     """Wall µs per call of ``calls`` back-to-back eager calls at M=1 on an ``[n, k]`` layer (small
     enough that the GPU keeps up, so this is the host path): nn.Linear, `mxgemm.linear`, MxLinear."""
@@ -183,6 +202,13 @@ def run(fmt: str = "mxfp4", ms=MS, dtypes=DTYPES, out_dir: str | Path = "benchma
                 stacks["tinygemm_int4"] = [_Tinygemm(lin) for lin in dense]
             except (RuntimeError, NotImplementedError) as e:
                 print(f"tinygemm skipped: {e}")
+        try:
+            peer = _gemlite(dense, fmt)
+        except Exception as e:  # noqa: BLE001 (a peer that fails here is reported, not fatal)
+            peer = None
+            print(f"gemlite skipped: {type(e).__name__}: {str(e).strip()[-300:]}")
+        if peer is not None:
+            stacks[f"gemlite_{fmt}"] = peer
         for m in ms:
             xs = [torch.randn(m, i, device=dev, dtype=dt) for i, _ in shapes()]
             base: dict[str, float] = {}
@@ -190,7 +216,7 @@ def run(fmt: str = "mxfp4", ms=MS, dtypes=DTYPES, out_dir: str | Path = "benchma
                 calls = list(zip(layers, xs, strict=True))
                 modes = {"eager": (lambda calls=calls: [f(x) for f, x in calls], False)}
                 modes["graph"] = (modes["eager"][0], True)
-                if m in COMPILED_MS and name != "tinygemm_int4":
+                if m in COMPILED_MS and name in ("nn.Linear", "mxgemm"):
                     modes["compiled"] = (_compiled(layers, xs), False)
                 for mode, (step, graph) in modes.items():
                     us = _time(step, graph)
@@ -198,6 +224,9 @@ def run(fmt: str = "mxfp4", ms=MS, dtypes=DTYPES, out_dir: str | Path = "benchma
                     rows.append(dict(method=name, dtype=dt_name, m=m, mode=mode, us=us, speedup=speedup))
                     print(f"{dt_name} M={m} {mode:5} {name:14} {us:9.1f} us  {speedup:5.2f}x", flush=True)
             del xs
+            partial = Path(out_dir) / "stack.partial.json"  # survives a run cut short
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps({"host_us": host, "rows": rows}))
         del stacks, dense
         torch.cuda.empty_cache()
     result = {
