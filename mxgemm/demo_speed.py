@@ -33,8 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mxgemm.demo import build_kernels, say
-from mxgemm.demo_llm import NEW_TOKENS
+from mxgemm.demo import NEW_TOKENS, build_kernels, say
 
 CONFIG_FILE = "smollm2-135m-config.json"  # in mxgemm/data
 SPEED_FORMATS = ("mxfp4", "mxfp8_e4m3")  # --speed-only's default
