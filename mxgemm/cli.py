@@ -376,15 +376,19 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     d.add_argument(
         "--out", type=Path, default=None, help="--speed-only: also write OUT/demo-speed.{txt,json}"
     )
-    d.add_argument(
-        "--build-only",
-        action="store_true",
-        help="--speed-only: only build the CUDA kernels its GPU run needs (every Linear shape x format x "
+    _add_build_only(
+        d,
+        "--speed-only: only build the CUDA kernels its GPU run needs (every Linear shape x format x "
         "M 1 and 16, fp16) into the kernel cache ($MXGEMM_CACHE_DIR): nvcc, no GPU",
     )
-    d.add_argument("--arch", default="sm_90", help="CUDA arch for --build-only")
-    d.add_argument("--jobs", type=int, default=2, help="parallel builds for --build-only")
     d.set_defaults(func=_demo)
+
+
+def _add_build_only(p: argparse.ArgumentParser, help_text: str) -> None:
+    """``--build-only`` (``help_text``) and the ``--arch`` / ``--jobs`` of its builds."""
+    p.add_argument("--build-only", action="store_true", help=help_text)
+    p.add_argument("--arch", default="sm_90", help="CUDA arch for --build-only")
+    p.add_argument("--jobs", type=int, default=2, help="parallel builds for --build-only")
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
@@ -407,7 +411,6 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--a-dtype", default="float16", choices=A_DTYPE_NAMES)
     b.add_argument("--out", default="benchmarks/results", help="results root (a folder per GPU below it)")
     b.add_argument("--no-emulated", action="store_true", help="skip the dequantize + F.linear baseline")
-    b.add_argument("--build-only", action="store_true", help="only build the kernels (no GPU needed)")
     b.add_argument(
         "--compare-default",
         action="store_true",
@@ -419,8 +422,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         help="time what a model sees instead: two Llama-3-8B layers' projections as MxLinear vs nn.Linear, "
         "eager / CUDA graph / torch.compile, fp16 and bf16 (first of --formats, default mxfp4)",
     )
-    b.add_argument("--arch", default="sm_90", help="arch for --build-only")
-    b.add_argument("--jobs", type=int, default=2, help="parallel builds for --build-only")
+    _add_build_only(b, "only build the kernels (no GPU needed)")
     b.set_defaults(func=_bench)
 
 
