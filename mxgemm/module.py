@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 
 from mxgemm import formats, layout, ops, packing, system
+from mxgemm.codegen import act_quant
 from mxgemm.config import MxActConfig, MxConfig
 from mxgemm.fake_quant import fake_quantize
 from mxgemm.reference import quantize
@@ -213,7 +215,7 @@ class MxLinear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"MxLinear: expected input [..., {self.in_features}], got {list(x.shape)}")
         if self.activations is not None:
-            x = fake_quantize(x, self.activations.fmt, **self.activations.kwargs())
+            x = self._quantize_input(x)
         y = ops.dispatch(
             x if x.dtype is self.a_dtype else x.to(self.a_dtype),
             self.planes,
@@ -225,6 +227,15 @@ class MxLinear(nn.Module):
             self.in_features,
         )
         return y if y.dtype is x.dtype else y.to(x.dtype)
+
+    def _quantize_input(self, x: torch.Tensor) -> torch.Tensor:
+        """``dequant(q(x))`` per :attr:`activations`: the generated kernel in eager calls where it
+        applies (:mod:`mxgemm.codegen.act_quant`), else :func:`mxgemm.fake_quantize`; the same values."""
+        a = self.activations
+        fast = ops.backend(os.environ.get(ops.BACKEND_ENV)) != "emulated" and ops._eager(x)
+        if fast and act_quant.applies(a.fmt, a.scale_mode, a.rounding, x.dtype):
+            return act_quant.fake_quantize(x, a.fmt, a.block_size, a.rounding)
+        return fake_quantize(x, a.fmt, **a.kwargs())
 
     def extra_repr(self) -> str:
         return (

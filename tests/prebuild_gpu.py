@@ -1,6 +1,6 @@
 """Build the CUDA kernels of the GPU tests here (no GPU needed) into $MXGEMM_CACHE_DIR, so a GPU box with
 only the TVM runtime can run them: ``MXGEMM_CACHE_DIR=DIR python -m tests.prebuild_gpu sm_90 [JOBS [SETS]]``
-with SETS a comma list of linear, ops, rules, xs, module, minilm (default: all; xs is part of rules)."""
+with SETS a comma list of linear, ops, rules, xs, act, module, minilm (default: all; xs is part of rules)."""
 
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -106,6 +106,16 @@ def xs_cases(arch):
     yield dict(fmt="mxfp4", n=256, k=2048, a_dtype="bfloat16", op="decode", target=arch)
 
 
+def act_cases(arch):
+    """tests.test_act_quant's GPU test: the activation quantize kernel of every format × rounding."""
+    from mxgemm.codegen import act_quant, target
+
+    for fmt in FORMATS:
+        for dt in DTYPES:
+            for rounding in act_quant.ROUNDINGS:
+                yield dict(act=(fmt, 256, 32, dt, rounding, target.resolve(arch)))
+
+
 def ops_cases(arch):
     """tests.test_ops's GPU dispatch test: its layers at its M."""
     from tests.test_ops import GPU_CASES, GPU_M, K, N
@@ -120,12 +130,18 @@ SETS = {
     "ops": ops_cases,
     "rules": rule_cases,
     "xs": xs_cases,
+    "act": act_cases,
     "module": module_cases,
     "minilm": minilm_cases,
 }
 
 
 def _build(kw):
+    if "act" in kw:
+        from mxgemm.codegen import act_quant
+
+        act_quant.kernel(*kw["act"])
+        return f"act_quant {kw['act'][:5]}"
     return repr(mxgemm.build(**kw))
 
 

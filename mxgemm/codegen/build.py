@@ -111,15 +111,7 @@ class Kernel:
     def _load(self):
         with self._lock:
             if self._func is None:
-                import tvm
-
-                if targets.is_cuda(self.spec.target):
-                    from mxgemm.codegen import nvcc
-
-                    nvcc.load_cuda_runtime()
-                else:
-                    system.cpu_threads()
-                self._func = tvm.runtime.load_module(str(self.path))["main"]
+                self._func = load_main(self.path, self.spec.target)
         return self._func
 
     def __call__(self, *args: torch.Tensor) -> None:
@@ -148,25 +140,46 @@ def _target_name(target: dict[str, Any]) -> str:
     return f"{target['kind']}:{target.get('arch') or target.get('mcpu')}"
 
 
-def _compile(spec: KernelSpec, out: Path) -> dict[str, Any]:
-    """Schedule, compile and export ``spec`` to ``out``; returns metadata (rule, hints, source)."""
+def load_main(path: Path, target: dict[str, Any]):
+    """The ``main`` function of the library at ``path``, built for ``target`` (CUDA: TVM's CUDA
+    runtime loaded first; CPU: TVM's thread pool set up as :func:`mxgemm.system.cpu_threads` says)."""
+    import tvm
+
+    if targets.is_cuda(target):
+        from mxgemm.codegen import nvcc
+
+        nvcc.load_cuda_runtime()
+    else:
+        system.cpu_threads()
+    return tvm.runtime.load_module(str(path))["main"]
+
+
+def compile_export(mod: Any, target: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Compile the scheduled IRModule ``mod`` for ``target`` (CUDA: nvcc) and export it to ``out``;
+    returns metadata (source, and the nvcc that built a CUDA library)."""
     import tvm
 
     from mxgemm.codegen.nvcc import compile_module
 
-    rule, mod, hints = schedule(spec)
     extra = {}
-    if targets.is_cuda(spec.target):
+    if targets.is_cuda(target):
         if system.nvcc_version() is None:
             raise RuntimeError(NO_NVCC)
-        ex = compile_module(mod, spec.target)
+        ex = compile_module(mod, target)
         source = ex.mod.imports[0].inspect_source("cuda")
         extra["nvcc"] = system.nvcc_version()
     else:
-        ex = tvm.compile(mod, target=spec.target)
+        ex = tvm.compile(mod, target=target)
         source = ex.mod.inspect_source("ll")
     ex.export_library(str(out))
-    return {"rule": rule, "hints": hints.to_dict() if hints is not None else {}, "source": source, **extra}
+    return {"source": source, **extra}
+
+
+def _compile(spec: KernelSpec, out: Path) -> dict[str, Any]:
+    """Schedule, compile and export ``spec`` to ``out``; returns metadata (rule, hints, source)."""
+    rule, mod, hints = schedule(spec)
+    info = compile_export(mod, spec.target, out)
+    return {"rule": rule, "hints": hints.to_dict() if hints is not None else {}, **info}
 
 
 def schedule(spec: KernelSpec):
