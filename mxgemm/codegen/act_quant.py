@@ -129,7 +129,9 @@ def schedule(func, block_size: int, cuda: bool):
         bx, tx = sch.split(ib, [None, THREADS])
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
-        sch.compute_at(sch.get_sblock("amax"), tx)
+        amax = sch.get_sblock("amax")
+        sch.compute_at(amax, tx)
+        sch.set_scope(amax, 0, "local")
     else:
         sch.parallel(ib)
         sch.compute_at(sch.get_sblock("amax"), ib)
