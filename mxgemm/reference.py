@@ -26,6 +26,13 @@ _CPU_CHUNK = 32768
 INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
+def pow2(e: torch.Tensor) -> torch.Tensor:
+    """float64 ``2**e`` for an integer tensor ``e`` in [-1022, 1023], exactly: ``e`` placed in the
+    exponent field. (``torch.ldexp`` and ``torch.pow`` are not exact on CUDA: on an H100,
+    ``ldexp(1, -4)`` gave 0.06249999999999999, which moved exact ties and grid points.)"""
+    return ((e.to(torch.int64) + 1023) << 52).view(torch.float64)
+
+
 def _round(t: torch.Tensor, rounding: str, generator: torch.Generator | None) -> torch.Tensor:
     """Round float64 ``t`` to integers with ``rounding``."""
     if rounding == "even":
@@ -51,7 +58,7 @@ def round_to_grid(
     else:
         _, e2 = torch.frexp(v)
         e = (e2 - 1).clamp(min=1 - fmt.bias)  # exponent of v's binade, at least the min normal's
-        ulp = torch.ldexp(torch.ones_like(v), (e - fmt.mbits).to(torch.float64))
+        ulp = pow2(e - fmt.mbits)
     q = _round(v / ulp, rounding, generator) * ulp
     q = q.clamp(-fmt.max_normal, fmt.max_normal)
     return torch.copysign(q, v)  # rounding never flips a sign; keeps -0.0 as ml_dtypes does
@@ -133,7 +140,7 @@ def _chunks(blocks: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 def _scaled(x: torch.Tensor, exp: torch.Tensor) -> torch.Tensor:
     """float64 blocks ``[nblocks, bs]`` times ``2**-exp`` (int32 ``[nblocks]``), exactly."""
-    return x * torch.ldexp(torch.ones_like(x[:, 0]), -exp.to(torch.float64)).unsqueeze(-1)
+    return x * pow2(-exp).unsqueeze(-1)
 
 
 def _least_squares_exponent(x: torch.Tensor, floor: torch.Tensor, f: formats.Format) -> torch.Tensor:
@@ -143,7 +150,7 @@ def _least_squares_exponent(x: torch.Tensor, floor: torch.Tensor, f: formats.For
     for d in (0, 1, -1):
         e = (floor + d).clamp(scales.MIN_EXP, scales.MAX_EXP)
         q = round_to_grid(_scaled(x, e), f, "even", None)
-        err = (torch.ldexp(q, e.to(torch.float64).unsqueeze(-1)) - x).square().sum(-1)
+        err = (q * pow2(e).unsqueeze(-1) - x).square().sum(-1)
         if best_err is None:
             best_err = err
         else:
@@ -205,9 +212,9 @@ def fake_quantize_values(
     values, clamped = [], []
     for chunk in _chunks(blocks):
         q, exp, finite = _grid_blocks(chunk, f, scale_mode, rounding, generator)
-        v = torch.ldexp(q, exp.to(torch.float64).unsqueeze(-1))
+        v = q * pow2(exp).unsqueeze(-1)
         values.append(torch.where(finite.unsqueeze(-1), v, torch.nan).to(x.dtype))
-        limit = torch.ldexp(torch.full_like(q[:, :1], f.max_normal), exp.to(torch.float64).unsqueeze(-1))
+        limit = f.max_normal * pow2(exp).unsqueeze(-1)
         clamped.append(chunk.to(torch.float64).abs() > limit)
     return torch.cat(values).reshape(x.shape), torch.cat(clamped).reshape(x.shape)
 
