@@ -281,10 +281,11 @@ def _route(m, device, dtype, fmt, n, k, bias, block_size, backend_env=None) -> o
 
 
 def clear_kernels() -> None:
-    """Forget the kernels this process looked up (the next call looks them up again, e.g. after the
-    tune log or ``$MXGEMM_TUNED`` changed)."""
+    """Forget the kernels and plans this process looked up (the next call looks them up again, e.g.
+    after the tune log or ``$MXGEMM_TUNED`` changed: the log also chooses between fused and decode)."""
     _kernels.clear()
     _routes.clear()
+    plan.cache_clear()
 
 
 def _decode_then_cublas(x2, planes, scales, bias, fmt, block_size, n, k, kernel=None) -> torch.Tensor:
