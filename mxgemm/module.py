@@ -229,12 +229,16 @@ class MxLinear(nn.Module):
         return y if y.dtype is x.dtype else y.to(x.dtype)
 
     def _quantize_input(self, x: torch.Tensor) -> torch.Tensor:
-        """``dequant(q(x))`` per :attr:`activations`: the generated kernel in eager calls where it
-        applies (:mod:`mxgemm.codegen.act_quant`), else :func:`mxgemm.fake_quantize`; the same values."""
+        """``dequant(q(x))`` per :attr:`activations`: the generated kernel where it applies
+        (:mod:`mxgemm.codegen.act_quant`; straight in eager calls, its custom op where torch traces),
+        else :func:`mxgemm.fake_quantize` (which also gives the straight-through gradient); the same
+        values."""
         a = self.activations
-        fast = ops.backend(os.environ.get(ops.BACKEND_ENV)) != "emulated" and ops._eager(x)
-        if fast and act_quant.applies(a.fmt, a.scale_mode, a.rounding, x.dtype):
-            return act_quant.fake_quantize(x, a.fmt, a.block_size, a.rounding)
+        kernels = ops.backend(os.environ.get(ops.BACKEND_ENV)) != "emulated"
+        grad = x.requires_grad and torch.is_grad_enabled()
+        if kernels and not grad and act_quant.applies(a.fmt, a.scale_mode, a.rounding, x.dtype):
+            run = act_quant.fake_quantize if ops._eager(x) else torch.ops.mxgemm.act_quant
+            return run(x, a.fmt, a.block_size, a.rounding)
         return fake_quantize(x, a.fmt, **a.kwargs())
 
     def extra_repr(self) -> str:

@@ -74,6 +74,26 @@ def test_mxlinear_runs_it_on_its_inputs():
     assert torch.equal(layer(x.requires_grad_()).detach(), fast)
 
 
+def test_compiled_mxlinear_traces_the_kernel_as_one_op():
+    """Under torch.compile(fullgraph=True) an MxLinear with quantized activations runs the kernel
+    through its custom op (one node in the graph) and gives the eager call's bits."""
+    torch.manual_seed(0)
+    act = mxgemm.MxActConfig("mxfp4")
+    layer = mxgemm.MxLinear.from_linear(torch.nn.Linear(128, 32), "mxfp8_e4m3", activations=act)
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append(str(gm.graph))
+        return gm.forward
+
+    x = torch.randn(5, 128)
+    with torch.no_grad():
+        eager = layer(x)
+        compiled = torch.compile(layer, fullgraph=True, backend=backend)(x)
+    assert torch.equal(compiled, eager)
+    assert len(graphs) == 1 and graphs[0].count("mxgemm.act_quant") == 1
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_kernel_is_the_reference_bit_for_bit(dtype):

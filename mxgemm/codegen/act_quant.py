@@ -177,6 +177,18 @@ def _target(device: torch.device) -> dict[str, Any]:
     return targets.for_device(device)
 
 
+@torch.library.custom_op("mxgemm::act_quant", mutates_args=())
+def op(x: torch.Tensor, fmt: str, block_size: int, rounding: str) -> torch.Tensor:
+    """:func:`fake_quantize` as the custom op ``torch.ops.mxgemm.act_quant`` (fake kernel included),
+    which torch.compile and export trace as one node."""
+    return fake_quantize(x, fmt, block_size, rounding)
+
+
+@op.register_fake
+def _(x, fmt, block_size, rounding):
+    return torch.empty_like(x)
+
+
 def fake_quantize(x: torch.Tensor, fmt: str, block_size: int, rounding: str) -> torch.Tensor:
     """``dequant(q(x))`` along the last axis of ``x`` (float16/bfloat16/float32 ``[..., k]``, CPU or
     CUDA) with ``floor`` scales, by the generated kernel: the same values as
