@@ -21,7 +21,6 @@ elements, which it reads twice (amax, then the values).
 
 from __future__ import annotations
 
-import functools
 import threading
 from pathlib import Path
 from typing import Any
@@ -170,13 +169,6 @@ def kernel(fmt: str, k: int, block_size: int, dtype: str, rounding: str, target:
         return _kernels.setdefault(key, func)
 
 
-@functools.cache
-def _target(device: torch.device) -> dict[str, Any]:
-    from mxgemm.codegen import target as targets
-
-    return targets.for_device(device)
-
-
 @torch.library.custom_op("mxgemm::act_quant", mutates_args=())
 def op(x: torch.Tensor, fmt: str, block_size: int, rounding: str) -> torch.Tensor:
     """:func:`fake_quantize` as the custom op ``torch.ops.mxgemm.act_quant`` (fake kernel included),
@@ -189,6 +181,20 @@ def _(x, fmt, block_size, rounding):
     return torch.empty_like(x)
 
 
+# (fmt, k, block, dtype, rounding, device) -> the loaded kernel: one dict lookup a call
+_runs: dict[tuple, Any] = {}
+
+
+def _run(x: torch.Tensor, fmt: str, block_size: int, rounding: str):
+    """The kernel for ``x``'s K, dtype and device (:func:`kernel`), remembered in :data:`_runs`."""
+    from mxgemm.codegen import target as targets
+
+    dtype = str(x.dtype).removeprefix("torch.")
+    target = targets.for_device(x.device)
+    run = kernel(formats.get(fmt).name, x.shape[-1], block_size, dtype, rounding, target)
+    return _runs.setdefault((fmt, x.shape[-1], block_size, x.dtype, rounding, x.device), run)
+
+
 def fake_quantize(x: torch.Tensor, fmt: str, block_size: int, rounding: str) -> torch.Tensor:
     """``dequant(q(x))`` along the last axis of ``x`` (float16/bfloat16/float32 ``[..., k]``, CPU or
     CUDA) with ``floor`` scales, by the generated kernel: the same values as
@@ -196,8 +202,7 @@ def fake_quantize(x: torch.Tensor, fmt: str, block_size: int, rounding: str) -> 
     k = x.shape[-1]
     x2 = x.reshape(-1, k).contiguous()
     y = torch.empty_like(x2)
-    dtype = str(x.dtype).removeprefix("torch.")
-    run = kernel(formats.get(fmt).name, k, block_size, dtype, rounding, _target(x.device))
+    run = _runs.get((fmt, k, block_size, x.dtype, rounding, x.device)) or _run(x, fmt, block_size, rounding)
     if x.device.type == "cuda" and x.device.index != torch.cuda.current_device():
         with torch.cuda.device(x.device):
             run(x2, y)
