@@ -31,8 +31,9 @@ def _fetch(gm: GraphModule, target: str) -> torch.Tensor:
     return obj
 
 
-class MxWeightObserver(ObserverBase):
-    """Marks a linear's weight; at convert, turns the linear into an MxLinear."""
+class _MxObserver(ObserverBase):
+    """An observer that only marks a node for :meth:`convert` (MX scales are per block, from the values:
+    nothing to observe or calibrate)."""
 
     def __init__(self, config: MxConfig, dtype=torch.uint8, **spec):  # spec: the QuantizationSpec's fields
         super().__init__(dtype)
@@ -41,8 +42,12 @@ class MxWeightObserver(ObserverBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
-    def calculate_qparams(self):  # MX scales are per block, from the values: nothing to calibrate
+    def calculate_qparams(self):
         raise NotImplementedError("MX quantization has no per-tensor qparams")
+
+
+class MxWeightObserver(_MxObserver):
+    """Marks a linear's weight; at convert, turns the linear into an MxLinear."""
 
     def convert(self, gm: GraphModule, observer: Node) -> None:
         from mxgemm.module import MxLinear
@@ -77,18 +82,8 @@ class MxWeightObserver(ObserverBase):
         gm.recompile()
 
 
-class MxActivationObserver(ObserverBase):
+class MxActivationObserver(_MxObserver):
     """Marks a linear's input for quantization; at convert, gives way to the MxLinear that quantizes it."""
-
-    def __init__(self, config: MxConfig, dtype=torch.uint8, **spec):  # spec: the QuantizationSpec's fields
-        super().__init__(dtype)
-        self.config = config
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-    def calculate_qparams(self):
-        raise NotImplementedError("MX quantization has no per-tensor qparams")
 
     def convert(self, gm: GraphModule, observer: Node) -> None:
         observer.replace_all_uses_with(observer.args[0])
