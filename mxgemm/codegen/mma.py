@@ -302,11 +302,13 @@ class _Kernel:
     def read_x(self, slot, ur, a) -> None:
         """Activation tile ``a`` of step ``ur`` of a ring slot into ``bfr[a]`` (rows ≥ M read what the
         slot holds: they feed only output columns that are not stored)."""
-        qn = min(8, self.m_tile)
-        idx = ((ur * self.xt_n + a) * qn + self.quad) * 4 + self.j
-        addr = self._smem(slot, self.x_off + idx * 16, own=False)
         dst = [self.bfr[a, g, q] for g in range(2) for q in range(2)]
-        self.T.evaluate(self.T.ptx.ld.shared.v4.b32(*dst, addr))
+        self.T.evaluate(self.T.ptx.ld.shared.v4.b32(*dst, self._x_addr(slot, ur, a)))
+
+    def _x_addr(self, slot, ur, a):
+        """The shared address of this lane's 16 bytes of activation tile ``a``, step ``ur``, of a slot."""
+        idx = ((ur * self.xt_n + a) * min(8, self.m_tile) + self.quad) * 4 + self.j
+        return self._smem(slot, self.x_off + idx * 16, own=False)
 
     def set_x(self, xbuf, ur) -> None:
         """The activations of step ``ur`` from ``xbuf[ur, a, 0..3]`` into the mma B fragments."""
@@ -573,12 +575,10 @@ class _Kernel:
                 dst = [sreg[t, r, q] for q in range(h.unroll // 4)]
                 T.evaluate(ld.v2.b32(*dst, addr) if len(dst) == 2 else ld.b32(dst[0], addr))
         if xreg is not None:
-            qn = min(8, self.m_tile)
             for ur, a in itertools.product(urs, range(self.xt_n)):
                 with T.If(tirx.Cast("int64", a * 8 + self.quad) < self.m64):
                     with T.Then():
-                        idx = ((ur * self.xt_n + a) * qn + self.quad) * 4 + self.j
-                        addr = self._smem(slot, self.x_off + idx * 16, own=False)
+                        addr = self._x_addr(slot, ur, a)
                         T.evaluate(ld.v4.b32(*[xreg[ur % nb, a, q] for q in range(4)], addr))
 
     # ---- cross-warp sum, then the epilogue (warp 0) ---------------------------------------------
