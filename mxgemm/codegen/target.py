@@ -101,3 +101,29 @@ def sm_count(arch: str) -> int:
 
 def is_cuda(target: dict[str, Any]) -> bool:
     return target["kind"] == "cuda"
+
+
+@functools.cache
+def _cpu_features(mcpu: str | None, mtriple: str | None, mattr: tuple[str, ...]) -> frozenset[str]:
+    import tvm
+    from tvm.target import codegen
+
+    spec = {"kind": "llvm", "mcpu": mcpu, "mtriple": mtriple, "mattr": list(mattr)}
+    return frozenset(codegen.llvm_get_cpu_features(tvm.target.Target({k: v for k, v in spec.items() if v})))
+
+
+def cpu_vectors(target: dict[str, Any]) -> tuple[int, int]:
+    """(fp32 lanes of one vector register, vector registers) of an LLVM target, from the CPU features
+    LLVM gives its ``mcpu``/``mattr``: AVX-512 (16, 32), AVX/AVX2 (8, 16), AArch64 (4, 32: NEON;
+    SVE kernels are not emitted), else SSE (4, 16). The CPU rules size their register tiles by it:
+    an AVX2 core has half the registers of an AVX-512 one, each of half the width. (LLVM's own
+    ``llvm_get_vector_width`` says 512 for every x86 CPU, AVX2-only ones included.)"""
+    mattr = target.get("mattr") or ()
+    feats = _cpu_features(target.get("mcpu"), target.get("mtriple"), tuple(mattr))
+    if "avx512f" in feats:
+        return 16, 32
+    if "avx" in feats or "avx2" in feats:
+        return 8, 16
+    if "neon" in feats or str(target.get("mtriple", "")).startswith(("aarch64", "arm64")):
+        return 4, 32
+    return 4, 16

@@ -25,12 +25,13 @@ from tvm import s_tir
 
 from mxgemm import formats
 from mxgemm.codegen.shapes import CPU_M_BUCKETS
+from mxgemm.codegen.target import cpu_vectors
 from mxgemm.layout import codes_per_byte, plane_widths
 from mxgemm.rules.base import Rule, Scheduled, cheapest
 
 LANES = (16, 8, 32)  # fp32 lanes of the accumulator (AVX2 registers hold 8; LLVM splits wider vectors)
 ROWS = (8, 16, 4, 2, 1)
-PREFERRED_ROWS = {1: 8, 4: 4}  # by M bucket (measured: :meth:`CpuGemv.cost`)
+ROWS_BY_SIZE = (8, 4, 2, 1)  # the row counts the cost model prefers, largest first
 SERIAL_MAX_WEIGHTS = 1 << 19  # layers this small run on the calling thread by default
 
 
@@ -49,6 +50,16 @@ class Hints:
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+def preferred_rows(target: dict[str, Any], m: int) -> int:
+    """Output rows per task for 16 lanes at ``m`` rows of activations: the most whose accumulators
+    fit a quarter (M=1) or half (more rows) of the target's vector registers (:meth:`CpuGemv.cost`):
+    8 at M=1 and 4 at M=4 with AVX-512, 2 and 1 with AVX2."""
+    lanes, regs = cpu_vectors(target)
+    budget = regs // (4 if m == 1 else 2)
+    per_row = m * -(-16 // lanes)
+    return next(r for r in ROWS_BY_SIZE if r * per_row <= budget or r == 1)
 
 
 def fits(h: Hints, n: int, k: int, fmt: formats.Format) -> bool:
@@ -74,19 +85,27 @@ class CpuGemv(Rule):
         return [h for h in every if fits(h, spec.n, spec.k, f)]
 
     def cost(self, spec: Any, h: Hints) -> float:
-        """16 lanes, and the output rows of a task interleaved in the K loop: 8 at M=1, 4 at M=4.
-        Measured on a 2-core Zen 5 (2026-11-24, 4096², bf16 activations; every call on the least
-        recently read of 8 weight copies, as a model's layers come from DRAM; the hint sets' calls
-        interleaved; median µs): mxfp4 M=1 636–847 at 8 rows, 836–991 at 4, 1005–1146 at 2, 958–1151
-        at 1 (two orders); M=4 1141 at 4 rows, 1454 at 2, 1636 at 1, 2930 at 8 (its 32 accumulators
-        spill); mxfp8_e4m3 M=1 1088–1282 at every row count (bound by DRAM), M=4 1190 / 1418 / 1786
-        at 4 / 2 / 1. 8 or 32 lanes were slower (0.61–1.6 ms against 0.35 at M=1 in L3). Layers of
-        up to :data:`SERIAL_MAX_WEIGHTS` weights run on the calling thread: waking TVM's pool costs
-        about what their work does (mxfp4, M=1, under ``torch.no_grad``, each call right after a
-        LayerNorm, two runs, µs: 576×576 23.6–27.9 serial against 26.6–28.2 parallel; 1536×576
+        """16 lanes; output rows per task sized to the CPU's vector register file
+        (:func:`mxgemm.codegen.target.cpu_vectors`): the ``rows × M`` accumulators of a task take
+        ``rows · M · ⌈16 / vector lanes⌉`` registers, at most a quarter of them at M=1 and half at M=4,
+        the rest holding activations and the decode's temporaries; multi-plane (3/5/6/7-bit) codes 1 row.
+
+        Measured (interleaved hint sets; every call on the least recently read of 8 weight copies, as a
+        model's layers come from DRAM; bf16 activations; median µs). 2-core Zen 5, AVX-512 (32 registers
+        of 16 lanes), 2026-11-24, 4096²: mxfp4 M=1 636–847 at 8 rows, 836–991 at 4, 1005–1146 at 2,
+        958–1151 at 1 (two orders); M=4 1141 at 4 rows, 1454 at 2, 1636 at 1, 2930 at 8 (its 32
+        accumulators spill); mxfp8_e4m3 M=1 1088–1282 at every row count (bound by DRAM), M=4 1190 /
+        1418 / 1786 at 4 / 2 / 1; 8 or 32 lanes were slower (0.61–1.6 ms against 0.35 at M=1 in L3).
+        2-core Zen 3, AVX2 (16 registers of 8 lanes), 2026-11-25, ``mxgemm tune --arch llvm`` over every
+        hint set, mxfp4 / mxfp6_e2m3 / mxfp8_e4m3 on 1536×576, 576×1536 and 4096²: the winners had 1 or 2
+        rows (16 or 8 lanes), 1.3–2.6x faster than 16 lanes × 8 rows, whose 16 accumulators spill there
+        (mxfp4 4096² M=1 1957 against 3225 µs, M=4 3961 against 8899).
+        Layers of up to :data:`SERIAL_MAX_WEIGHTS` weights run on the calling thread: waking TVM's pool
+        costs about what their work does (Zen 5, mxfp4, M=1, under ``torch.no_grad``, each call right
+        after a LayerNorm, two runs, µs: 576×576 23.6–27.9 serial against 26.6–28.2 parallel; 1536×576
         55.7–78.3 / 49.1–49.2; 576×1536 41.9–74.3 / 36.6–38.5; 4096×1024 202–276 / 123–128)."""
         planes = len(plane_widths(formats.get(spec.fmt).bits))
-        rows = PREFERRED_ROWS.get(spec.m_bucket, 4) if planes == 1 else 1
+        rows = preferred_rows(spec.target, spec.m_bucket) if planes == 1 else 1
         serial = spec.n * spec.k <= SERIAL_MAX_WEIGHTS
         return (
             (1.0 if h.lanes == 16 else 1.1)
