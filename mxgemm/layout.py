@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mxgemm import formats, packing
+from mxgemm import packing
 
 if TYPE_CHECKING:  # pragma: no cover
     from mxgemm.weight import MxWeight
@@ -62,40 +62,44 @@ def transform_weight(q: MxWeight, kernel: object = None) -> list[torch.Tensor]:
     Args:
         q: 2-D `MxWeight` ``[n, k]`` in the portable layout.
         kernel: the kernel the weight is for (a :class:`mxgemm.codegen.build.Kernel`): the CPU
-            kernels of rules ``cpu_gemv`` and ``cpu_dequant`` read 3/5/6/7-bit codes from the planes
-            of :func:`cpu_planes` (:func:`kernel_lanes`), every other kernel those of :func:`to_planes`.
+            kernels of rules ``cpu_gemv`` and ``cpu_dequant`` read 3/5/6/7-bit codes one byte a code
+            (:func:`cpu_planes`, :func:`reads_cpu_layout`), every other kernel the planes of
+            :func:`to_planes`.
     Returns:
-        ``[plane_0, ..., scales]``: uint8 ``[n, k*w/8]`` per plane width ``w``, uint8 ``[n, k/block]``.
+        ``[plane_0, ..., scales]``: uint8 ``[n, k*w/8]`` per plane width ``w`` (CPU kernels: ``w`` of
+        :func:`cpu_widths`), uint8 ``[n, k/block]``.
     """
-    lanes = kernel_lanes(kernel)
     bits = q.format.bits
-    planes = to_planes(q.blocks, bits) if lanes is None else cpu_planes(q.blocks, bits, lanes)
+    planes = cpu_planes(q.blocks, bits) if reads_cpu_layout(kernel) else to_planes(q.blocks, bits)
     return [*planes, q.scales]
 
 
-def kernel_lanes(kernel: object) -> int | None:
-    """The lane count of the CPU plane order (:func:`cpu_planes`) that ``kernel`` reads its planes
-    in, None for the order of :func:`to_planes` (GPU kernels, the dynamic-M CPU kernel, None)."""
-    rule = getattr(kernel, "rule", None)
-    if rule == "cpu_gemv":
-        return kernel.info["hints"]["lanes"]
-    if rule == "cpu_dequant":
-        spec = kernel.spec
-        return cpu_group(formats.get(spec.fmt).bits, spec.block_size)[2]
-    return None
+def reads_cpu_layout(kernel: object) -> bool:
+    """Whether ``kernel`` reads its codes in the CPU layout (:func:`cpu_planes`): the kernels of rules
+    ``cpu_gemv`` and ``cpu_dequant``; GPU kernels, the dynamic-M CPU kernel and None read
+    :func:`to_planes`."""
+    return getattr(kernel, "rule", None) in ("cpu_gemv", "cpu_dequant")
 
 
 CPU_LANES = 32  # codes of one byte-vector load in the CPU decode, at most
 
 
+def cpu_widths(bits: int) -> tuple[int, ...]:
+    """Widths of the planes the CPU kernels read for ``bits``-wide codes: the single plane of 8/4/2/1-bit
+    codes, and one byte a code (``(8,)``) for 3/5/6/7-bit codes (:func:`cpu_planes`)."""
+    widths = plane_widths(bits)
+    return widths if len(widths) == 1 else (8,)
+
+
 def codes_per_byte(bits: int) -> int:
-    """Codes a byte of the narrowest plane of ``bits``-wide codes holds (the CPU kernels' ``per``)."""
-    return 8 // min(plane_widths(bits))
+    """Codes a byte of the CPU kernels' codes holds for ``bits``-wide codes (their ``per``): 8/bits for
+    8/4/2/1 bits, 1 for the others (:func:`cpu_widths`)."""
+    return 8 // cpu_widths(bits)[0]
 
 
 def cpu_group(bits: int, block_size: int) -> tuple[int, int, int]:
     """(group, per, lanes) of the CPU decode's K order for ``bits``-wide codes in blocks of
-    ``block_size``: ``per`` codes a byte of the narrowest plane, ``lanes`` codes a byte-vector load
+    ``block_size``: ``per`` codes a byte (:func:`codes_per_byte`), ``lanes`` codes a byte-vector load
     (up to :data:`CPU_LANES`, and few enough that one vector holds one block's codes: its scale is one
     broadcast), ``group = lanes * per`` consecutive K elements permuted together (:func:`k_permuted`)."""
     per = codes_per_byte(bits)
@@ -112,37 +116,13 @@ def k_permuted(x: torch.Tensor, bits: int, block_size: int) -> torch.Tensor:
     return x.reshape(*x.shape[:-1], k // group, lanes, per).transpose(-1, -2).reshape(x.shape).contiguous()
 
 
-def cpu_position(k, bits: int, lanes: int, width: int):
-    """Where element ``k`` (an int, a tensor or a TIR expression) of a ``width``-bit plane sits in the
-    CPU plane order (:func:`cpu_planes`) for ``bits``-wide codes read ``lanes`` at a time: with
-    ``per`` codes a byte of the narrowest plane, ``q = 8 / width`` of this one, ``G = lanes · per``
-    and ``k = g·G + l·per + p`` (``l < lanes``, ``p < per``), position ``g·G + (p // q)·lanes·q + l·q
-    + p % q``. The byte a lane reads at unrolled step ``p`` is then ``g·G/q + (p // q)·lanes + l``,
-    consecutive over ``l``, at a constant shift. The narrowest plane keeps its order (``q = per``)."""
-    per = codes_per_byte(bits)
-    q = 8 // width
-    if q == per:
-        return k
-    group = lanes * per
-    r = k % group
-    p = r % per
-    return k - r + (p // q) * (lanes * q) + (r // per) * q + p % q
-
-
-def cpu_planes(blocks: torch.Tensor, bits: int, lanes: int) -> list[torch.Tensor]:
-    """The code planes of portable ``blocks`` (uint8 ``[..., K*bits/8]``) in the CPU kernels' order
-    for ``lanes`` (:func:`cpu_position`; K a multiple of ``lanes · per``): what their reads of 3/5/6/7-bit
-    codes take, one contiguous byte vector per plane and step. 8/4/2/1-bit codes: ``[blocks]``."""
-    widths = plane_widths(bits)
-    if len(widths) == 1:
+def cpu_planes(blocks: torch.Tensor, bits: int) -> list[torch.Tensor]:
+    """The codes the CPU kernels read for portable ``blocks`` (uint8 ``[..., K*bits/8]``): ``[blocks]``
+    for 8/4/2/1-bit codes, else one byte a code, uint8 ``[..., K]`` (the code in its low ``bits``).
+    A byte vector of those is one load per step and a code one shift to the top of a 32-bit lane, where
+    two bit planes took two reads, shifts and masks and an OR: on a 2-core AVX2 Zen 3 the decode of
+    mxfp6 took twice mxfp4's from planes (4096², M=1), and about mxfp8's from bytes. It costs 8 bits a
+    code in memory, which these compute-bound kernels do not feel."""
+    if len(plane_widths(bits)) == 1:
         return [blocks]
-    codes = packing.unpack(blocks, bits)
-    k = torch.arange(codes.shape[-1])
-    planes, off = [], 0
-    for w in widths:
-        part = (codes >> off) & (2**w - 1)
-        moved = torch.empty_like(part)
-        moved[..., cpu_position(k, bits, lanes, w)] = part
-        planes.append(packing.pack(moved, w))
-        off += w
-    return planes
+    return [packing.unpack(blocks, bits).to(torch.uint8)]

@@ -163,18 +163,16 @@ def _planes(blocks: torch.Tensor, bits: int) -> list[torch.Tensor]:
     return _memo(blocks, "_mxgemm_planes", (blocks._version,), lambda: layout.to_planes(blocks, bits))
 
 
-def _cpu_planes(planes: list[torch.Tensor], fmt: str, lanes: int) -> list[torch.Tensor]:
-    """``planes`` (the kernel layout) in the CPU kernels' order for ``lanes``
-    (:func:`mxgemm.layout.cpu_planes`): the same tensors for 8/4/2/1-bit codes, else derived once per
-    weight version and lane count."""
+def _cpu_planes(planes: list[torch.Tensor], fmt: str) -> list[torch.Tensor]:
+    """The CPU kernels' codes (:func:`mxgemm.layout.cpu_planes`) of ``planes`` (the kernel layout): the
+    same tensors for 8/4/2/1-bit codes, else one byte a code, derived once per weight version."""
     bits = formats.get(fmt).bits
     if len(planes) == 1:
         return planes
     key = tuple((id(t), t.data_ptr(), t._version) for t in planes)
     return _memo(
-        planes[0], f"_mxgemm_cpu_planes_{lanes}", key,
-        lambda: layout.cpu_planes(layout.from_planes(planes, bits), bits, lanes),
-    )  # fmt: skip
+        planes[0], "_mxgemm_cpu_codes", key, lambda: layout.cpu_planes(layout.from_planes(planes, bits), bits)
+    )
 
 
 _kernels: dict[tuple, builder.Kernel] = {}
@@ -250,8 +248,8 @@ def _forward(
     else:
         out = torch.empty(m + pad, n, dtype=x.dtype, device=dev)
         tail = [out] if bias is None else [bias.contiguous(), out]
-        if (lanes := layout.kernel_lanes(kernel)) is not None:
-            planes = _cpu_planes(planes, fmt, lanes)
+        if layout.reads_cpu_layout(kernel):
+            planes = _cpu_planes(planes, fmt)
         _run(kernel, [x2, *planes, scales, *tail])
         out = out[:m]
     return out if flat else out.reshape(*x.shape[:-1], n)
@@ -342,7 +340,7 @@ def _decode_then_gemm_cpu(x2, planes, scales, bias, fmt, block_size, n, k) -> to
     rows = decode_chunk_rows(n, k, CPU_CHUNK_MB, k * wdtype.itemsize)
     kernel = _kernel(x2.device, fmt, rows, k, None, x2.dtype, False, block_size, "decode", wdtype)
     _, per, lanes = layout.cpu_group(bits, block_size)
-    planes = _cpu_planes(planes, fmt, layout.kernel_lanes(kernel))
+    planes = _cpu_planes(planes, fmt)
     xt = layout.k_permuted(x2.to(wdtype), bits, block_size).T
     w2 = _scratch(rows * k, wdtype).view(rows, k)
     w = w2.view(rows, k // (per * lanes), per, lanes)

@@ -46,7 +46,7 @@ def test_bad_width():
 
 @pytest.mark.parametrize(
     ("bits", "block", "want"),
-    [(4, 32, (32, 2, 16)), (6, 32, (32, 4, 8)), (8, 64, (32, 1, 32)), (3, 8, (8, 8, 1))],
+    [(4, 32, (32, 2, 16)), (6, 32, (32, 1, 32)), (8, 64, (32, 1, 32)), (3, 8, (8, 1, 8)), (2, 8, (8, 4, 2))],
 )
 def test_cpu_k_order(bits, block, want):
     """Each byte-vector of the CPU decode holds codes of one scale block; ``k_permuted`` moves element
@@ -60,28 +60,19 @@ def test_cpu_k_order(bits, block, want):
         assert got[1, g * group + p * lanes + lane] == x[1, g * group + lane * per + p]
 
 
-@pytest.mark.parametrize(("bits", "lanes"), [(6, 16), (6, 8), (5, 8), (3, 16), (7, 8), (4, 16)])
-def test_cpu_planes_put_each_lane_step_in_consecutive_bytes(bits, lanes):
-    """In the CPU plane order every element's bits are where `cpu_position` says, and the bytes a
-    kernel step reads (step ``p``, lanes ``0..lanes-1``) are consecutive with one shift per plane."""
-    per = 8 // min(layout.plane_widths(bits))
-    k = lanes * per * 3
-    g = torch.Generator().manual_seed(bits * 100 + lanes)
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_cpu_planes_hold_odd_width_codes_one_a_byte(bits):
+    """The CPU kernels' codes: one byte a code (the code in its low bits) for 3/5/6/7-bit codes, the
+    portable bytes as they are for 8/4/2/1 bits; ``transform_weight`` gives them to the CPU rules."""
+    k = 96
+    g = torch.Generator().manual_seed(bits)
     codes = torch.randint(0, 2**bits, (5, k), generator=g, dtype=torch.uint8)
-    planes = layout.cpu_planes(packing.pack(codes, bits), bits, lanes)
-    off = 0
-    for plane, w in zip(planes, layout.plane_widths(bits), strict=True):
-        q = 8 // w
-        assert plane.shape == (5, k * w // 8)
-        at = layout.cpu_position(torch.arange(k), bits, lanes, w)
-        assert sorted(at.tolist()) == list(range(k))  # a permutation
-        assert torch.equal(packing.unpack(plane, w)[:, at], (codes >> off) & (2**w - 1))
-        for grp, p in itertools.product(range(3), range(per)):
-            ks = grp * lanes * per + torch.arange(lanes) * per + p  # the lanes of one step
-            pos = layout.cpu_position(ks, bits, lanes, w)
-            assert torch.equal(pos // q, pos[0] // q + torch.arange(lanes)) and bool(
-                (pos % q == pos[0] % q).all()
-            )
-        off += w
-    if len(planes) == 1:  # one plane: the portable bytes as they are
-        assert torch.equal(planes[0], packing.pack(codes, bits))
+    portable = packing.pack(codes, bits)
+    planes = layout.cpu_planes(portable, bits)
+    assert len(planes) == 1 and planes[0].dtype == torch.uint8
+    if 8 % bits:
+        assert layout.cpu_widths(bits) == (8,) and layout.codes_per_byte(bits) == 1
+        assert torch.equal(planes[0], codes)
+    else:
+        assert layout.cpu_widths(bits) == (bits,) and layout.codes_per_byte(bits) == 8 // bits
+        assert planes[0] is portable

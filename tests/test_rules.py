@@ -137,8 +137,8 @@ def test_the_cpu_gemv_sizes_its_row_tile_to_the_register_file(target, vectors, r
         assert (h.lanes, h.rows, h.parallel) == (16, want, 1)
         lanes, regs = vectors
         assert h.rows * bucket * (16 // lanes) <= regs // (4 if bucket == 1 else 2)
-        two_planes = KernelSpec("mxfp6_e2m3", 4096, 4096, bucket, "bfloat16", "bfloat16", False, 32, target)
-        assert rule.default_hints(two_planes).rows == 1
+        six_bit = KernelSpec("mxfp6_e2m3", 4096, 4096, bucket, "bfloat16", "bfloat16", False, 32, target)
+        assert rule.default_hints(six_bit).rows == want  # its codes one a byte, decoded as 8-bit codes are
 
 
 def test_a_record_reaches_the_rule_it_names_typed():

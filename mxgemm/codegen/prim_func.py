@@ -7,7 +7,7 @@ from tvm import te, tirx
 from mxgemm import formats, packing
 from mxgemm.codegen.decode import weight_expr
 from mxgemm.codegen.shapes import check_shape, dtype_name
-from mxgemm.layout import plane_widths
+from mxgemm.layout import cpu_widths, plane_widths
 
 
 def prim_func(
@@ -23,7 +23,7 @@ def prim_func(
     decode_dtype: str | None = None,
     decode_form: str = "bits",
     a_stage: bool = False,
-    cpu_lanes: int | None = None,
+    cpu_layout: bool = False,
 ) -> tirx.PrimFunc:
     """``Y[m, n] = cast(sum_k A[m, k] * W[n, k]) (+ Bias[n])`` with ``W`` decoded from MX/BFP codes.
 
@@ -39,8 +39,9 @@ def prim_func(
     ``matmul`` (fp32 accumulation), ``epilogue`` (cast, bias). ``decode_form``: the decode
     expression (:func:`mxgemm.codegen.decode.weight_expr`'s ``form``: ``"bits"`` or ``"sar"``, the
     same values). ``a_stage``: A converted to float32 in a block of its own, ``a_f32`` (the CPU GEMV
-    computes it once per call instead of once per output row). ``cpu_lanes``: 3/5/6/7-bit codes'
-    planes come in the CPU order for that many lanes (:func:`mxgemm.layout.cpu_planes`).
+    computes it once per call instead of once per output row). ``cpu_layout``: the codes come in the
+    CPU kernels' layout (:func:`mxgemm.layout.cpu_planes`: 3/5/6/7-bit codes one a byte, ``B`` uint8
+    ``[n, k]``).
     """
     f = formats.get(fmt)
     bs = formats.check_block_size(block_size, f)
@@ -55,7 +56,7 @@ def prim_func(
 
     mm = te.var("m", "int64") if m is None else m
     a = te.placeholder((mm, k), a_dtype, name="A")
-    b, s, w = _decoded_weight(f, n, k, bs, decode_dtype, decode_form, cpu_lanes)
+    b, s, w = _decoded_weight(f, n, k, bs, decode_dtype, decode_form, cpu_layout)
     r = te.reduce_axis((0, k), name="k")
     a_in = te.compute((mm, k), lambda i, c: tirx.Cast("float32", a[i, c]), name="a_f32") if a_stage else a
     acc = te.compute(
@@ -81,17 +82,19 @@ def prim_func(
 
 
 def _decoded_weight(
-    f: formats.Format, n: int, k: int, bs: int, dtype: str, form: str = "bits", cpu_lanes: int | None = None
+    f: formats.Format, n: int, k: int, bs: int, dtype: str, form: str = "bits", cpu_layout: bool = False
 ):
     """Placeholders of the code planes and scales, and the ``decode`` compute ``[n, k]`` of ``dtype``."""
-    widths = plane_widths(f.bits)
+    widths = cpu_widths(f.bits) if cpu_layout else plane_widths(f.bits)
     names = ["B"] if len(widths) == 1 else [f"B{i}" for i in range(len(widths))]
     b = [
         te.placeholder((n, packing.packed_len(k, w)), "uint8", name=nm)
         for nm, w in zip(names, widths, strict=True)
     ]
     s = te.placeholder((n, k // bs), "uint8", name="S")
-    w = te.compute((n, k), lambda i, j: weight_expr(f, b, s, i, j, bs, dtype, form, cpu_lanes), name="decode")
+    w = te.compute(
+        (n, k), lambda i, j: weight_expr(f, b, s, i, j, bs, dtype, form, cpu_layout), name="decode"
+    )
     return b, s, w
 
 
@@ -102,18 +105,18 @@ def decode_func(
     k: int,
     dtype: str = "float16",
     block_size: int | None = None,
-    cpu_lanes: int | None = None,
+    cpu_layout: bool = False,
 ):
     """``W[n, k] = dequantize(codes, scales)`` in ``dtype`` as a PrimFunc (one block, ``decode``).
 
     Arguments: the code planes ``B``/``B0..`` and ``S`` exactly as in :func:`prim_func`, then
     ``W``: ``dtype [n, k]`` (``"float16"``, ``"bfloat16"`` or ``"float32"``). The many-row paths run
-    it and then cuBLAS (CUDA) or torch's GEMM (CPU). ``cpu_lanes`` as in :func:`prim_func`.
+    it and then cuBLAS (CUDA) or torch's GEMM (CPU). ``cpu_layout`` as in :func:`prim_func`.
     """
     f = formats.get(fmt)
     bs = formats.check_block_size(block_size, f)
     dtype = dtype_name(dtype, "dtype", ("float32",))
     check_shape(n, k, bs)
-    b, s, w = _decoded_weight(f, n, k, bs, dtype, cpu_lanes=cpu_lanes)
+    b, s, w = _decoded_weight(f, n, k, bs, dtype, cpu_layout=cpu_layout)
     func = te.create_prim_func([*b, s, w], index_dtype_override="int64" if n * k >= 2**31 else None)
     return func.with_attr("global_symbol", "main")

@@ -112,14 +112,18 @@ def _cpu_features(mcpu: str | None, mtriple: str | None, mattr: tuple[str, ...])
     return frozenset(codegen.llvm_get_cpu_features(tvm.target.Target({k: v for k, v in spec.items() if v})))
 
 
+def _features(target: dict[str, Any]) -> frozenset[str]:
+    """LLVM's CPU features of an LLVM target dict (its ``mcpu``, ``mtriple`` and ``mattr``)."""
+    return _cpu_features(target.get("mcpu"), target.get("mtriple"), tuple(target.get("mattr") or ()))
+
+
 def cpu_vectors(target: dict[str, Any]) -> tuple[int, int]:
     """(fp32 lanes of one vector register, vector registers) of an LLVM target, from the CPU features
     LLVM gives its ``mcpu``/``mattr``: AVX-512 (16, 32), AVX/AVX2 (8, 16), AArch64 (4, 32: NEON;
     SVE kernels are not emitted), else SSE (4, 16). The CPU rules size their register tiles by it:
     an AVX2 core has half the registers of an AVX-512 one, each of half the width. (LLVM's own
     ``llvm_get_vector_width`` says 512 for every x86 CPU, AVX2-only ones included.)"""
-    mattr = target.get("mattr") or ()
-    feats = _cpu_features(target.get("mcpu"), target.get("mtriple"), tuple(mattr))
+    feats = _features(target)
     if "avx512f" in feats:
         return 16, 32
     if "avx" in feats or "avx2" in feats:
@@ -127,3 +131,11 @@ def cpu_vectors(target: dict[str, Any]) -> tuple[int, int]:
     if "neon" in feats or str(target.get("mtriple", "")).startswith(("aarch64", "arm64")):
         return 4, 32
     return 4, 16
+
+
+def cpu_converts_f16(target: dict[str, Any]) -> bool:
+    """Whether an LLVM target converts fp16 vectors to fp32 in one instruction (x86 F16C, AArch64):
+    elsewhere LLVM calls a library function per element."""
+    if str(target.get("mtriple", "")).startswith(("aarch64", "arm64")):
+        return True
+    return "f16c" in _features(target)

@@ -4,9 +4,12 @@ layers on the calling thread: ``Hints.parallel``).
 
 The decode is :func:`mxgemm.codegen.decode.weight_expr`'s ``"sar"`` form (one shift to put the code
 at the top of a 32-bit lane, one arithmetic shift and one AND to place sign and exponent/mantissa
-bits, the exact float32 multiply(s)), inlined into the multiply-add. K is walked in groups of
-``lanes × per`` codes (``per`` codes a byte of the narrowest plane): the ``lanes`` bytes of a group are
-one contiguous vector load, each of their ``per`` codes one unrolled step whose shift is a constant.
+bits, the exact float32 multiply(s)), inlined into the multiply-add; for float formats of up to 4
+exponent bits, on CPUs that convert fp16 vectors (x86 F16C, AArch64), its ``"f16"`` form (the same
+in 16-bit lanes, then one fp16 → fp32 conversion: no float32 subnormals, which x86 cores process
+slowly). K is walked in groups of ``lanes × per`` codes (``per`` codes a byte of the CPU layout,
+:func:`mxgemm.layout.cpu_planes`): the ``lanes`` bytes of a group are one contiguous vector load,
+each of their ``per`` codes one unrolled step whose shift is a constant.
 Inside a step, the ``rows`` outputs of a task and the rows of the bucket are unrolled loops:
 each output's decoded vector feeds one multiply-add per row (LLVM keeps one copy of the decode), each
 activation vector is loaded once for all outputs, and the ``rows × M`` accumulators are independent
@@ -24,9 +27,10 @@ from typing import Any
 from tvm import s_tir
 
 from mxgemm import formats
+from mxgemm.codegen.decode import f16_decodes
 from mxgemm.codegen.shapes import CPU_M_BUCKETS
-from mxgemm.codegen.target import cpu_vectors
-from mxgemm.layout import codes_per_byte, plane_widths
+from mxgemm.codegen.target import cpu_converts_f16, cpu_vectors
+from mxgemm.layout import codes_per_byte
 from mxgemm.rules.base import Rule, Scheduled, cheapest
 
 LANES = (16, 8, 32)  # fp32 lanes of the accumulator (AVX2 registers hold 8; LLVM splits wider vectors)
@@ -88,7 +92,7 @@ class CpuGemv(Rule):
         """16 lanes; output rows per task sized to the CPU's vector register file
         (:func:`mxgemm.codegen.target.cpu_vectors`): the ``rows × M`` accumulators of a task take
         ``rows · M · ⌈16 / vector lanes⌉`` registers, at most a quarter of them at M=1 and half at M=4,
-        the rest holding activations and the decode's temporaries; multi-plane (3/5/6/7-bit) codes 1 row.
+        the rest holding activations and the decode's temporaries.
 
         Measured (interleaved hint sets; every call on the least recently read of 8 weight copies, as a
         model's layers come from DRAM; bf16 activations; median µs). 2-core Zen 5, AVX-512 (32 registers
@@ -104,8 +108,7 @@ class CpuGemv(Rule):
         costs about what their work does (Zen 5, mxfp4, M=1, under ``torch.no_grad``, each call right
         after a LayerNorm, two runs, µs: 576×576 23.6–27.9 serial against 26.6–28.2 parallel; 1536×576
         55.7–78.3 / 49.1–49.2; 576×1536 41.9–74.3 / 36.6–38.5; 4096×1024 202–276 / 123–128)."""
-        planes = len(plane_widths(formats.get(spec.fmt).bits))
-        rows = preferred_rows(spec.target, spec.m_bucket) if planes == 1 else 1
+        rows = preferred_rows(spec.target, spec.m_bucket)
         serial = spec.n * spec.k <= SERIAL_MAX_WEIGHTS
         return (
             (1.0 if h.lanes == 16 else 1.1)
@@ -117,10 +120,9 @@ class CpuGemv(Rule):
         return cheapest(self, spec)
 
     def apply(self, spec: Any, make: Any, hints: Hints | None = None) -> Scheduled | None:
-        """Schedules the spec's prim_func with the ``"sar"`` decode, reading 3/5/6/7-bit codes from
-        planes in the CPU order for ``hints.lanes`` (:func:`mxgemm.layout.cpu_planes`; ``make`` is not
-        used: it builds the ``"bits"`` form in the portable order); None when the hints do not tile
-        the shape."""
+        """Schedules the spec's prim_func with the ``"sar"`` decode, reading 3/5/6/7-bit codes one a
+        byte (:func:`mxgemm.layout.cpu_planes`; ``make`` is not used: it builds the ``"bits"`` form
+        from the planes); None when the hints do not tile the shape."""
         del make
         h = hints if hints is not None else self.default_hints(spec)
         fmt = formats.get(spec.fmt)
@@ -130,8 +132,9 @@ class CpuGemv(Rule):
 
         func = prim_func(
             spec.fmt, n=spec.n, k=spec.k, m=spec.m_bucket, a_dtype=spec.a_dtype, out_dtype=spec.out_dtype,
-            bias=spec.bias, block_size=spec.block_size, decode_dtype="float32", decode_form="sar",
-            a_stage=True, cpu_lanes=h.lanes,
+            bias=spec.bias, block_size=spec.block_size, decode_dtype="float32",
+            decode_form="f16" if f16_decodes(fmt) and cpu_converts_f16(spec.target) else "sar",
+            a_stage=True, cpu_layout=True,
         )  # fmt: skip
         return Scheduled(self.name, _schedule(func, h, codes_per_byte(fmt.bits)), h)
 
