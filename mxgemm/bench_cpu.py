@@ -6,7 +6,7 @@ runs on CPU), and ``mxgemm.linear`` with bf16 activations per format (its eager 
 `ops.plan` picks: the fused GEMV at M=1, the decode + torch GEMM from 2 rows). Each method cycles
 through enough copies of its weights to overflow the last-level cache (as a model's layers do);
 cells are the median wall time of single calls. Results: JSON and markdown under
-``<out>/<cpu name>/``, and a plot where matplotlib is installed.
+``<out>/<cpu name>_<LLVM cpu>/``, and a plot where matplotlib is installed.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def run(
 ) -> dict[str, Any]:
     """Time every method at every shape and M (see the module docstring); print a progress line per
     cell and the markdown table; write ``bench-cpu-<commit>.json/.md`` (and ``.png``) under
-    ``out_dir/<cpu name>/`` unless ``out_dir`` is None. Returns the result dict."""
+    ``out_dir/<cpu name>_<LLVM cpu>/`` unless ``out_dir`` is None. Returns the result dict."""
     from mxgemm.bench import _commit
 
     rows = []
@@ -140,8 +140,11 @@ def run(
             b for b in rows if (b["n"], b["k"], b["m"], b["method"]) == (r["n"], r["k"], r["m"], "torch_fp32")
         )
         r["vs_bf16"], r["vs_fp32"] = base["ms"] / r["ms"], fp32["ms"] / r["ms"]
+    from mxgemm.codegen import target as targets
+
     result = {
         "cpu": cpu_name(),
+        "mcpu": targets.cpu()["mcpu"],  # what the kernels were built for: one model name spans generations
         "threads": torch.get_num_threads(),
         "llc_mb": llc_bytes() / (1 << 20),
         "torch": torch.__version__,
@@ -152,7 +155,7 @@ def run(
     text = markdown(result)
     print(text)
     if out_dir is not None:
-        folder = Path(out_dir) / result["cpu"].replace(" ", "_").replace("/", "_")
+        folder = Path(out_dir) / f"{result['cpu']}_{result['mcpu']}".replace(" ", "_").replace("/", "_")
         folder.mkdir(parents=True, exist_ok=True)
         stem = folder / f"bench-cpu-{result['commit'] or 'local'}"
         stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
@@ -169,7 +172,8 @@ def markdown(result: dict[str, Any]) -> str:
     """One table per shape: ms per call and the speedup vs torch bf16 (and vs fp32) per M."""
     rows = result["rows"]
     lines = [
-        f"# mxgemm bench, CPU — {result['cpu']}, {result['threads']} threads, {result['date']}, "
+        f"# mxgemm bench, CPU — {result['cpu']} ({result.get('mcpu', '?')}), {result['threads']} threads, "
+        f"{result['date']}, "
         f"commit {result['commit']}",
         "",
         f"torch {result['torch']}; activations bf16 (torch_fp32: fp32); cells: ms per call (x speedup vs "

@@ -238,9 +238,10 @@ def build(todo: list[Task], budget: int, out_dir: Path, jobs: int = 2, progress=
 # ---- step 2: measure -------------------------------------------------------------------------------
 
 
-def _inputs(task: Task, device: torch.device, copies: int):
+def _inputs(task: Task, device: torch.device, copies: int, kernel: builder.Kernel | None = None):
     """Activations ``[M bucket (64 if unbounded), k]``, ``copies`` copies of a random weight's code
-    planes + scales (quantized on ``device``), an output buffer, and the weight's bytes."""
+    planes + scales (quantized on ``device``) in the layout ``kernel`` reads (None: the GPU kernels'),
+    an output buffer, and the weight's bytes."""
     from mxgemm.layout import transform_weight
     from mxgemm.reference import quantize
 
@@ -248,9 +249,7 @@ def _inputs(task: Task, device: torch.device, copies: int):
     q = quantize(
         torch.randn(task.n, task.k, generator=g, device=device) * 0.02, task.fmt, block_size=task.block_size
     )
-    # the planes in to_planes' order: CPU candidates may read another order (their lane count), the
-    # same bytes in the same pattern, so their timing is unchanged (tuning compares no values)
-    weights = [[t.clone() for t in transform_weight(q)] for _ in range(copies)]
+    weights = [[t.clone() for t in transform_weight(q, kernel)] for _ in range(copies)]
     m = task.m_bucket or 64
     x = torch.randn(m, task.k, generator=g, device=device).to(getattr(torch, task.a_dtype))
     y = torch.empty(m, task.n, dtype=x.dtype, device=device)
@@ -277,18 +276,27 @@ def _time_cpu(kernels: list[builder.Kernel], task: Task, seconds: float | None) 
     from DRAM; the fastest hints differ from L3-resident ones, as `mxgemm bench --device cpu` times
     them). :data:`CPU_CALLS` rounds, fewer when ``seconds`` runs out (at least 5)."""
     from mxgemm import bench_cpu
+    from mxgemm.layout import reads_cpu_layout
 
+    if not kernels:
+        return []
     nbytes = task.n * task.k * formats.get(task.fmt).bits // 8
-    x, weights, y, _ = _inputs(task, torch.device("cpu"), bench_cpu._copies(nbytes))
+    copies = bench_cpu._copies(nbytes)
+    layouts = {}  # the weight copies of each layout the candidates read (the CPU rules' or the planes)
     for kernel in kernels:
-        for w in weights:
+        if reads_cpu_layout(kernel) not in layouts:
+            layouts[reads_cpu_layout(kernel)] = _inputs(task, torch.device("cpu"), copies, kernel)
+    x, _, y, _ = next(iter(layouts.values()))
+    for kernel in kernels:
+        for w in layouts[reads_cpu_layout(kernel)][1]:
             kernel(x, *w, y)
     times: list[list[float]] = [[] for _ in kernels]
     start = time.perf_counter()
-    for i in range(max(CPU_CALLS, len(weights))):
+    for i in range(max(CPU_CALLS, copies)):
         if i >= 5 and seconds is not None and time.perf_counter() - start > seconds:
             break
         for j, (kernel, ts) in enumerate(zip(kernels, times, strict=True)):
+            weights = layouts[reads_cpu_layout(kernel)][1]
             w = weights[(i * len(kernels) + j) % len(weights)]  # the least recently read copy
             t0 = time.perf_counter()
             kernel(x, *w, y)
