@@ -91,6 +91,12 @@ def cpu_widths(bits: int) -> tuple[int, ...]:
     return widths if len(widths) == 1 else (8,)
 
 
+def read_widths(bits: int, cpu: bool = False) -> tuple[int, ...]:
+    """Widths of the planes a kernel reads: :func:`cpu_widths` for the CPU rules' layout, else
+    :func:`plane_widths`."""
+    return cpu_widths(bits) if cpu else plane_widths(bits)
+
+
 def codes_per_byte(bits: int) -> int:
     """Codes a byte of the CPU kernels' codes holds for ``bits``-wide codes (their ``per``): 8/bits for
     8/4/2/1 bits, 1 for the others (:func:`cpu_widths`)."""

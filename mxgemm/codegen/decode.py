@@ -10,7 +10,7 @@ from tvm import te, tirx
 from tvm.ir import Expr as PrimExpr
 
 from mxgemm.formats import Format
-from mxgemm.layout import cpu_widths, plane_widths
+from mxgemm.layout import cpu_widths, read_widths
 
 U32 = "uint32"
 
@@ -28,10 +28,6 @@ def _read(plane: te.Tensor, row: PrimExpr, k: PrimExpr, width: int) -> PrimExpr:
     return (u32(plane[row, k // per]) >> u32((k % per) * width)) & u32(2**width - 1)
 
 
-def _widths(bits: int, cpu: bool) -> tuple[int, ...]:
-    return cpu_widths(bits) if cpu else plane_widths(bits)
-
-
 def extract_code(
     planes: list[te.Tensor], row: PrimExpr, k: PrimExpr, bits: int, cpu: bool = False
 ) -> PrimExpr:
@@ -39,7 +35,7 @@ def extract_code(
     one aligned sub-byte read per plane, low bits first. ``cpu``: the codes are in the CPU layout
     (:func:`mxgemm.layout.cpu_planes`: 3/5/6/7-bit codes one a byte)."""
     code, off = None, 0
-    for plane, width in zip(planes, _widths(bits, cpu), strict=True):
+    for plane, width in zip(planes, read_widths(bits, cpu), strict=True):
         part = _read(plane, row, k, width)
         part = part << u32(off) if off else part
         code = part if code is None else code | part
@@ -105,17 +101,12 @@ def nan_scales(word: PrimExpr) -> PrimExpr:
     return (u32(0xFEFEFEFE) - word) & word & u32(0x80808080)
 
 
-def top_aligned_code(
-    planes: list[te.Tensor], row: PrimExpr, k: PrimExpr, bits: int, cpu: bool = False
-) -> PrimExpr:
-    """uint32 holding the ``bits``-wide code of element ``k`` of ``row`` in its top bits (the bits
-    below it are garbage: whatever else the byte held). For a single plane (and the CPU layout's one
-    byte a code) this is ONE shift of the byte (a constant shift where ``k % (8 / width)`` is an
-    unrolled loop's constant)."""
-    widths = _widths(bits, cpu)
-    if len(widths) > 1:
-        return extract_code(planes, row, k, bits, cpu) << u32(32 - bits)
-    width = widths[0]
+def top_aligned_code(planes: list[te.Tensor], row: PrimExpr, k: PrimExpr, bits: int) -> PrimExpr:
+    """uint32 holding the ``bits``-wide code of element ``k`` of ``row`` in the CPU layout
+    (:func:`mxgemm.layout.cpu_planes`: one plane) in its top bits (the bits below it are garbage:
+    whatever else the byte held): ONE shift of the byte (a constant shift where ``k % (8 / width)`` is
+    an unrolled loop's constant)."""
+    (width,) = cpu_widths(bits)
     per = 8 // width
     return u32(planes[0][row, k // per]) << (u32(32 - bits) - u32(k % per) * u32(width))
 
@@ -178,14 +169,14 @@ def weight_expr(
 ) -> PrimExpr:
     """Decoded weight ``W[row, k]`` in ``dtype``: element × block scale, computed in float32.
     ``form``: ``"bits"`` (:func:`element_expr`, what the GPU kernels use), ``"sar"``
-    (:func:`element_expr_sar`, fewer vector ops on CPUs) or ``"f16"`` (:func:`element_expr_f16`, the CPU
-    layout, formats where :func:`f16_decodes`); the same values. ``cpu``: the codes come in
-    the CPU layout (:func:`mxgemm.layout.cpu_planes`)."""
+    (:func:`element_expr_sar`, fewer vector ops on CPUs) or ``"f16"`` (:func:`element_expr_f16`, formats
+    where :func:`f16_decodes`); the same values. ``"sar"`` and ``"f16"`` read the CPU layout
+    (:func:`mxgemm.layout.cpu_planes`); ``"bits"`` reads it where ``cpu``, else the planes."""
     scale = scale_expr(scales[row, k // block_size])
     if form == "f16":
         value = element_expr_f16(fmt, planes, row, k) * scale
     elif form == "sar":
-        value = element_expr_sar(fmt, top_aligned_code(planes, row, k, fmt.bits, cpu))
+        value = element_expr_sar(fmt, top_aligned_code(planes, row, k, fmt.bits))
         step = tirx.const(fmt.min_subnormal, "float32")
         value = value * (scale * step) if fmt.kind == "int" else value * scale
     else:

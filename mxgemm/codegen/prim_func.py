@@ -7,7 +7,7 @@ from tvm import te, tirx
 from mxgemm import formats, packing
 from mxgemm.codegen.decode import weight_expr
 from mxgemm.codegen.shapes import check_shape, dtype_name
-from mxgemm.layout import cpu_widths, plane_widths
+from mxgemm.layout import read_widths
 
 
 def prim_func(
@@ -85,7 +85,7 @@ def _decoded_weight(
     f: formats.Format, n: int, k: int, bs: int, dtype: str, form: str = "bits", cpu_layout: bool = False
 ):
     """Placeholders of the code planes and scales, and the ``decode`` compute ``[n, k]`` of ``dtype``."""
-    widths = cpu_widths(f.bits) if cpu_layout else plane_widths(f.bits)
+    widths = read_widths(f.bits, cpu_layout)
     names = ["B"] if len(widths) == 1 else [f"B{i}" for i in range(len(widths))]
     b = [
         te.placeholder((n, packing.packed_len(k, w)), "uint8", name=nm)
