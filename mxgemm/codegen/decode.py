@@ -144,7 +144,7 @@ def element_expr_f16(fmt: Format, planes: list[te.Tensor], row: PrimExpr, k: Pri
     the fp16 → fp32 conversion (one ``vcvtph2ps`` for 8 or 16 lanes), one exact multiply by
     ``2**(15 - bias)``. Every intermediate float32 is normal or zero: the ``"sar"`` form's float32
     subnormals (the element's subnormal codes) cost x86 cores a slow path; on a Zen 3, mxfp6_e2m3
-    codes of random weights took 44% longer than normal ones there."""
+    codes of random weights took 44% longer than normal ones there (3.0 against 2.1 ms, 4096², M=1)."""
     (width,) = cpu_widths(fmt.bits)
     per = 8 // width
     u16 = "uint16"
