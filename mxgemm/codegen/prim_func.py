@@ -37,9 +37,10 @@ def prim_func(
     Blocks: ``decode`` (W in ``decode_dtype``, default ``a_dtype``; one expression; ``"float32"`` is
     exact for every format and skips a round trip through 16 bits where no tensor core needs them),
     ``matmul`` (fp32 accumulation), ``epilogue`` (cast, bias). ``decode_form``: the decode
-    expression (:func:`mxgemm.codegen.decode.weight_expr`'s ``form``: ``"bits"`` or ``"sar"``, the
-    same values). ``a_stage``: A converted to float32 in a block of its own, ``a_f32`` (the CPU GEMV
-    computes it once per call instead of once per output row). ``cpu_layout``: the codes come in the
+    expression (:func:`mxgemm.codegen.decode.weight_expr`'s ``form``: ``"bits"``, ``"sar"`` or
+    ``"f16"``, the same values; the last two read the CPU layout). ``a_stage``: A converted to
+    float32 in a block of its own, ``a_f32`` (the CPU GEMV computes it once per call instead of once
+    per output row). ``cpu_layout``: the codes come in the
     CPU kernels' layout (:func:`mxgemm.layout.cpu_planes`: 3/5/6/7-bit codes one a byte, ``B`` uint8
     ``[n, k]``).
     """
