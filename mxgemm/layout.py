@@ -63,13 +63,17 @@ def transform_weight(q: MxWeight, kernel: object = None) -> list[torch.Tensor]:
         q: 2-D `MxWeight` ``[n, k]`` in the portable layout.
         kernel: the kernel the weight is for (a :class:`mxgemm.codegen.build.Kernel`): the CPU
             kernels of rules ``cpu_gemv`` and ``cpu_dequant`` read 3/5/6/7-bit codes one byte a code
-            (:func:`cpu_planes`, :func:`reads_cpu_layout`), every other kernel the planes of
-            :func:`to_planes`.
+            (:func:`cpu_planes`, :func:`reads_cpu_layout`), those of rule ``cpu_dot`` codes and
+            scales in 16-row tiles (:func:`pair_tiles`, :func:`scale_tiles`), every other kernel the
+            planes of :func:`to_planes`.
     Returns:
         ``[plane_0, ..., scales]``: uint8 ``[n, k*w/8]`` per plane width ``w`` (CPU kernels: ``w`` of
-        :func:`cpu_widths`), uint8 ``[n, k/block]``.
+        :func:`cpu_widths`), uint8 ``[n, k/block]``; for ``cpu_dot``, the two tensors of
+        :func:`pair_tiles` and :func:`scale_tiles`.
     """
     bits = q.format.bits
+    if getattr(kernel, "rule", None) == "cpu_dot":
+        return [pair_tiles(cpu_planes(q.blocks, bits)[0], bits), scale_tiles(q.scales, q.block_size)]
     planes = cpu_planes(q.blocks, bits) if reads_cpu_layout(kernel) else to_planes(q.blocks, bits)
     return [*planes, q.scales]
 
@@ -132,3 +136,28 @@ def cpu_planes(blocks: torch.Tensor, bits: int) -> list[torch.Tensor]:
     if len(plane_widths(bits)) == 1:
         return [blocks]
     return [packing.unpack(blocks, bits).to(torch.uint8)]
+
+
+TILE_ROWS = 16  # rows of W per tile of :func:`pair_tiles` (one fp32 vector of output columns)
+
+
+def pair_tiles(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """The codes of the ``cpu_dot`` kernel for CPU-layout ``codes`` (:func:`cpu_planes`: uint8
+    ``[n, k/2]`` for 4-bit codes, a byte a pair of K neighbours, else ``[n, k]``, a byte a code): uint8
+    ``[n/16, k/2, 16·c]``, for each 16-row tile and K pair the pair's codes of its 16 rows in row
+    order (``c`` = 1 byte a row for 4-bit codes, else 2). ``n`` a multiple of 16."""
+    n = codes.shape[0]
+    if bits == 4:
+        return codes.reshape(n // TILE_ROWS, TILE_ROWS, -1).transpose(1, 2).contiguous()
+    k = codes.shape[1]
+    tiles = codes.reshape(n // TILE_ROWS, TILE_ROWS, k // 2, 2).permute(0, 2, 1, 3)
+    return tiles.reshape(n // TILE_ROWS, k // 2, 2 * TILE_ROWS).contiguous()
+
+
+def scale_tiles(scales: torch.Tensor, block_size: int) -> torch.Tensor:
+    """The scales of the ``cpu_dot`` kernel for uint8 ``scales [n, k/block_size]`` (block a multiple of
+    32): uint8 ``[n/16, k/32, 16]``, one scale per 32-wide K block (repeated for larger blocks), the
+    16 rows of a tile contiguous."""
+    n = scales.shape[0]
+    per32 = scales.repeat_interleave(block_size // 32, dim=1) if block_size > 32 else scales
+    return per32.reshape(n // TILE_ROWS, TILE_ROWS, -1).transpose(1, 2).contiguous()

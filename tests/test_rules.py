@@ -13,6 +13,9 @@ from mxgemm.codegen.build import KernelSpec, _typed, schedule
 from mxgemm.rules import base, cpu, gemv, mma
 from mxgemm.rules.base import Rule
 
+ZEN3 = {"kind": "llvm", "mcpu": "znver3"}  # AVX2
+ZEN5 = {"kind": "llvm", "mcpu": "znver5"}  # AVX-512 with bf16 dot products
+
 
 def _spec(fmt, n, k, m_bucket, a_dtype, block_size=32, arch="sm_90", op="linear"):
     tgt = targets.resolve(arch)
@@ -28,7 +31,9 @@ def _schedule(fmt, n, k, m_bucket, a_dtype, hints=None, rule=None):
 
 
 def test_the_registry_names_every_rule():
-    assert rules.RULES == ("cpu_gemv", "cpu", "cpu_dequant", "mma", "gemv", "tensorcore", "dequant", "dlight")
+    assert rules.RULES == (
+        "cpu_gemv", "cpu_dot", "cpu", "cpu_dequant", "mma", "gemv", "tensorcore", "dequant", "dlight"
+    )  # fmt: skip
     for name in rules.RULES:
         rule = rules.get(name)
         assert (
@@ -55,7 +60,12 @@ def test_the_registry_names_every_rule():
         (_spec("mxfp4", 4096, 4096, 4, "float16", block_size=16), {"gemv", "dlight"}),  # 2 scales a step
         (_spec("mxfp4", 4104, 4096, 4, "float16"), {"gemv", "dlight"}),  # N not a multiple of 16
         (_spec("mxfp4", 4096, 4096, 1, "float16", op="decode"), {"dequant", "dlight"}),
-        (_spec("mxfp4", 4096, 4096, None, "bfloat16", arch="llvm"), {"cpu"}),
+        (_spec("mxfp4", 4096, 4096, None, "bfloat16", arch=ZEN3), {"cpu"}),  # no bf16 dot products
+        (_spec("mxfp4", 4096, 4096, None, "bfloat16", arch=ZEN5), {"cpu_dot", "cpu"}),
+        (_spec("mxfp4", 4096, 4096, None, "float16", arch=ZEN5), {"cpu"}),  # fp16 rows: not exact in bf16
+        (_spec("mxfp4", 4096, 4096, None, "bfloat16", arch=ZEN5, block_size=16), {"cpu"}),  # 2 scales a block
+        (_spec("bfp2", 4096, 4096, None, "bfloat16", arch=ZEN5), {"cpu"}),  # 2-bit codes: not decoded
+        (_spec("mxfp4", 4104, 4096, None, "bfloat16", arch=ZEN5), {"cpu"}),  # N not a multiple of 16
         (_spec("mxfp4", 4096, 4096, 1, "bfloat16", arch="llvm"), {"cpu_gemv", "cpu"}),
         (_spec("mxfp4", 4096, 4104, 1, "bfloat16", arch="llvm", block_size=8), {"cpu"}),  # K ∤ 64
         (_spec("mxfp4", 4096, 4096, None, "bfloat16", arch="llvm", op="decode"), {"cpu_dequant"}),
@@ -69,7 +79,12 @@ def test_the_registry_names_every_rule():
         "block16",
         "ragged-n",
         "decode",
-        "cpu",
+        "cpu-avx2",
+        "cpu-dot",
+        "cpu-fp16",
+        "cpu-block16",
+        "cpu-2bit",
+        "cpu-ragged-n",
         "cpu-m1",
         "cpu-ragged-k",
         "cpu-decode",

@@ -139,3 +139,10 @@ def cpu_converts_f16(target: dict[str, Any]) -> bool:
     if str(target.get("mtriple", "")).startswith(("aarch64", "arm64")):
         return True
     return "f16c" in _features(target)
+
+
+def cpu_bf16_dots(target: dict[str, Any]) -> bool:
+    """Whether an LLVM target has the x86 bf16 dot product (AVX512-BF16 ``vdpbf16ps``) and the 16-bit
+    register table lookups (AVX512-BW ``vpermw``/``vpermi2w``) that the ``cpu_dot`` kernel is made of."""
+    feats = _features(target)
+    return "avx512bf16" in feats and "avx512bw" in feats

@@ -19,8 +19,9 @@ from mxgemm.rules.base import Make, Rule, Scheduled
 log = logging.getLogger(__name__)
 
 
-RULES = ("cpu_gemv", "cpu", "cpu_dequant", "mma", "gemv", "tensorcore", "dequant", "dlight")
-TUNABLE = ("cpu_gemv", "cpu", "mma", "gemv", "tensorcore")  # rules with hints (what a tune record may name)
+RULES = ("cpu_gemv", "cpu_dot", "cpu", "cpu_dequant", "mma", "gemv", "tensorcore", "dequant", "dlight")
+# rules with hints (what a tune record may name)
+TUNABLE = ("cpu_gemv", "cpu_dot", "cpu", "mma", "gemv", "tensorcore")
 _CUDA_LINEAR = ("mma", "tensorcore", "gemv", "dlight")  # the router's order for a CUDA linear kernel
 
 
@@ -44,13 +45,14 @@ def name_of(hints: Any) -> str:
 def route(spec: Any) -> list[Rule]:
     """The rules that make ``spec``'s kernel with their defaults, in the order they are tried: on CUDA
     ``mma`` (except for 8-bit codes at M=1, which ``gemv`` streams faster), ``tensorcore``, ``gemv``,
-    then dlight; ``dequant`` then dlight for the standalone decode; ``cpu_gemv`` (one row) then
-    ``cpu`` on an LLVM target, ``cpu_dequant`` for its standalone decode."""
+    then dlight; ``dequant`` then dlight for the standalone decode; ``cpu_gemv`` (buckets 1 and 4),
+    ``cpu_dot`` (many bf16 rows, AVX512-BF16), then ``cpu`` on an LLVM target, ``cpu_dequant`` for its
+    standalone decode."""
     from mxgemm import formats
     from mxgemm.layout import plane_widths
 
     if spec.target["kind"] != "cuda":
-        names: tuple[str, ...] = ("cpu_dequant",) if spec.op == "decode" else ("cpu_gemv", "cpu")
+        names: tuple[str, ...] = ("cpu_dequant",) if spec.op == "decode" else ("cpu_gemv", "cpu_dot", "cpu")
     elif spec.op == "decode":
         names = ("dequant", "dlight")
     else:

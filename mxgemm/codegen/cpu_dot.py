@@ -1,0 +1,258 @@
+"""The kernel of the ``cpu_dot`` rule (:mod:`mxgemm.rules.cpu_dot` says when it applies): a
+decode-fused GEMM for many rows of bf16 activations on x86 CPUs with AVX-512 BF16 dot products
+(``vdpbf16ps``: 16 fp32 lanes, each adding two bf16 products).
+
+Weights × activations as an outer product: lane ``l`` of a 16-lane accumulator is output column
+``n0 + l``; one ``vdpbf16ps`` adds ``x[m, 2p] W[n, 2p] + x[m, 2p+1] W[n, 2p+1]`` to it, the
+activation pair broadcast to every lane (one 32-bit load), the weight pairs of 16 columns one
+vector. The codes come in that order (:func:`mxgemm.layout.pair_tiles`: ``[n/16, k/2, 16, c]``
+bytes, ``c`` = 1 for 4-bit codes, whose byte holds the pair, else 2), so a vector of them decodes to
+32 bf16 weights with no shuffle: each code is the index of a table lookup in a register
+(``vpermw``, 32 entries, or ``vpermi2w``, 64; 7/8-bit codes take 2 or 4 of those and selects),
+whose table holds the element values (every element value of every format is exact in bf16).
+
+The E8M0 scale applies per 32-wide K block: a block's 16 dot steps go to zeroed fp32 partial sums,
+which are added to the accumulators times the 16 columns' scales (exact: a power of two). Scales
+come as ``[n/16, k/32, 16]`` bytes (:func:`mxgemm.layout.scale_tiles`).
+
+Per parallel task, ``nr`` groups of 16 columns; per ``kc`` of K, the task decodes its codes once
+into an L1-resident buffer, then runs the ``mr × nr`` register tile over all rows (in groups of
+:data:`MS` rows whose accumulators are kept in a buffer across K chunks; rows past a multiple of
+``mr`` one at a time). ``vdpbf16ps`` treats bf16 subnormals as zero and flushes
+subnormal results: products of magnitude below 2**-126 are lost (fp32 summation order otherwise).
+
+LLVM has the dot product and the table lookups as intrinsics over ``bfloat`` / ``i16`` vectors,
+which TVM's bf16 legalization does not pass through; they are called through three small LLVM IR
+functions imported into the module (``pragma_import_llvm``) and inlined.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass
+
+import torch
+from tvm import tirx
+
+from mxgemm import formats
+
+PAIR = 16  # columns per vector (fp32 lanes)
+BLOCK = 32  # K per scale step
+MS = 64  # rows whose accumulators a task keeps across K chunks
+MAX_TILE = 24  # partial sums of a register tile, at most (AVX-512 has 32 vector registers)
+
+LLVM_IR = """
+define <16 x float> @mxgemm_dpbf16(<16 x float> %acc, <16 x i32> %a, <16 x i32> %b) alwaysinline {
+  %ab = bitcast <16 x i32> %a to <32 x bfloat>
+  %bb = bitcast <16 x i32> %b to <32 x bfloat>
+  %r = call <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(
+      <16 x float> %acc, <32 x bfloat> %ab, <32 x bfloat> %bb)
+  ret <16 x float> %r
+}
+define <32 x i16> @mxgemm_lut32(<32 x i16> %idx, <32 x i16> %table) alwaysinline {
+  %r = call <32 x i16> @llvm.x86.avx512.permvar.hi.512(<32 x i16> %table, <32 x i16> %idx)
+  ret <32 x i16> %r
+}
+define <32 x i16> @mxgemm_lut64(<32 x i16> %idx, <32 x i16> %lo, <32 x i16> %hi) alwaysinline {
+  %r = call <32 x i16> @llvm.x86.avx512.vpermi2var.hi.512(<32 x i16> %lo, <32 x i16> %idx, <32 x i16> %hi)
+  ret <32 x i16> %r
+}
+declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloat>, <32 x bfloat>)
+declare <32 x i16> @llvm.x86.avx512.permvar.hi.512(<32 x i16>, <32 x i16>)
+declare <32 x i16> @llvm.x86.avx512.vpermi2var.hi.512(<32 x i16>, <32 x i16>, <32 x i16>)
+"""
+
+
+@dataclass(frozen=True)
+class Hints:
+    """mr: rows of the register tile; nr: 16-column groups of a task (the tile's other side; its
+    ``mr · nr`` accumulators and as many partial sums take registers); kc: K decoded per chunk (the
+    L1 buffer holds ``kc · nr · 32`` bytes)."""
+
+    mr: int = 4
+    nr: int = 2
+    kc: int = 256
+
+    def __post_init__(self) -> None:
+        ok = self.mr in (1, 2, 4, 6, 8) and self.nr in (1, 2, 4) and self.kc in (128, 256, 512)
+        if not ok or self.mr * self.nr > MAX_TILE:
+            raise ValueError(f"cpu_dot hints out of range: {self}")
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def pair_bytes(bits: int) -> int:
+    """Bytes of a lane's code pair: 1 for 4-bit codes (the byte holds both), else 2 (one a byte)."""
+    return 1 if bits == 4 else 2
+
+
+def supports(fmt: formats.Format) -> bool:
+    """Formats whose codes the kernel decodes: 3–8-bit codes (2-bit codes, four a byte, are not)."""
+    return fmt.bits >= 3
+
+
+def table(fmt: formats.Format) -> list[int]:
+    """The bf16 bit patterns of every code's element value, in code order (``2**bits`` entries)."""
+    codes = torch.arange(2**fmt.bits, dtype=torch.uint8)
+    return fmt.decode(codes).to(torch.bfloat16).view(torch.int16).tolist()
+
+
+def kernel(fmt: formats.Format, *, n: int, k: int, bias: bool, hints: Hints) -> tirx.PrimFunc:
+    """The kernel as a PrimFunc: A ``bfloat16 [m, k]`` (``m`` dynamic),
+    C ``uint8 [n/16, k/2, 16·c]`` (:func:`mxgemm.layout.pair_tiles`), S ``uint8 [n/16, k/32, 16]``
+    (:func:`mxgemm.layout.scale_tiles`), Bias ``bfloat16 [n]`` (if ``bias``), Y ``bfloat16 [m, n]``."""
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder import tirx as T
+
+    with IRBuilder() as ib:
+        with T.prim_func():
+            _Kernel(T, fmt, n, k, bias, hints).emit()
+    return ib.get()
+
+
+def fits(h: Hints, n: int, k: int) -> bool:
+    """Whether ``h`` tiles an ``[n, k]`` weight."""
+    return n % (PAIR * h.nr) == 0 and k % h.kc == 0
+
+
+class _Kernel:
+    def __init__(self, T, fmt, n, k, bias, h):  # noqa: N803
+        self.T, self.fmt, self.n, self.k, self.bias, self.h = T, fmt, n, k, bias, h
+        self.c = pair_bytes(fmt.bits)
+        if not fits(h, n, k):
+            raise ValueError(f"cpu_dot hints {h} do not tile [{n}, {k}]")
+
+    def emit(self) -> None:
+        T, h, n, k, c = self.T, self.h, self.n, self.k, self.c
+        T.func_name("main")
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        m = tirx.Var("m", "int64")
+        a_h, c_h, s_h = T.arg("A", T.handle()), T.arg("C", T.handle()), T.arg("S", T.handle())
+        bias_h = T.arg("Bias", T.handle()) if self.bias else None
+        y_h = T.arg("Y", T.handle())
+        A = T.match_buffer(a_h, (m, k), "bfloat16")
+        C = T.match_buffer(c_h, (n // PAIR, k // 2, PAIR * c), "uint8")
+        S = T.match_buffer(s_h, (n // PAIR, k // BLOCK, PAIR), "uint8")
+        Bias = T.match_buffer(bias_h, (n,), "bfloat16") if self.bias else None
+        Y = T.match_buffer(y_h, (m, n), "bfloat16")
+        a32 = T.decl_buffer((m * (k // 2),), "uint32", data=A.data)
+        y16 = T.decl_buffer((m * n,), "uint16", data=Y.data)
+        b16 = T.decl_buffer((n,), "uint16", data=Bias.data) if self.bias else None
+        u32x16 = "uint32x16"
+        with T.attr(0, "pragma_import_llvm", LLVM_IR):
+            with T.parallel(0, n // (PAIR * h.nr)) as task:
+                entries = table(self.fmt)
+                entries += [0] * (32 - len(entries))
+                lut = T.alloc_buffer((len(entries),), "uint16", scope="local")
+                for i, v in enumerate(entries):
+                    T.buffer_store(lut, tirx.const(v & 0xFFFF, "uint16"), [i])
+                buf = T.alloc_buffer((h.kc // 2 * h.nr * PAIR,), "uint32", scope="local")
+                buf16 = T.decl_buffer((h.kc * h.nr * PAIR,), "uint16", data=buf.data)
+                accm = T.alloc_buffer((MS * h.nr * PAIR,), "float32", scope="local")
+                ms_rows = MS // h.mr * h.mr  # rows per group, a multiple of the tile's
+                with T.serial(0, (m + ms_rows - 1) // ms_rows) as ms:
+                    m0 = ms * ms_rows
+                    rows = tirx.Min(m - m0, tirx.const(ms_rows, "int64"))
+                    with T.serial(0, k // h.kc) as kc:
+                        with T.serial(0, h.kc // 2) as p:  # decode the chunk
+                            for r in range(h.nr):
+                                g = task * h.nr + r
+                                codes = C[g, kc * (h.kc // 2) + p, tirx.Ramp(0, 1, PAIR * c)]
+                                w = self.decode(codes, lut)
+                                T.buffer_store(buf16, w, [tirx.Ramp((p * h.nr + r) * 2 * PAIR, 1, 2 * PAIR)])
+                        with T.serial(0, rows // h.mr) as mb:
+                            self.tile(a32, S, buf, accm, task, kc, m0, mb * h.mr, h.mr)
+                        if h.mr > 1:  # the last rows, one at a time
+                            with T.serial(0, rows % h.mr) as i:
+                                self.tile(a32, S, buf, accm, task, kc, m0, rows // h.mr * h.mr + i, 1)
+                    with T.serial(0, rows) as i:  # epilogue
+                        row = m0 + i
+                        for r in range(h.nr):
+                            col = (task * h.nr + r) * PAIR
+                            val = accm[tirx.Ramp((i * h.nr + r) * PAIR, 1, PAIR)]
+                            if self.bias:
+                                bb = tirx.Cast(u32x16, b16[tirx.Ramp(col, 1, PAIR)])
+                                val = val + tirx.reinterpret("float32x16", bb << tirx.const(16, "uint32"))
+                            T.buffer_store(y16, _to_bf16(val), [tirx.Ramp(row * n + col, 1, PAIR)])
+
+    def decode(self, codes, lut):
+        """A vector of ``16 · c`` code bytes → 32 bf16 weights (uint16x32), the lane pairs in order."""
+        T, bits = self.T, self.fmt.bits
+        if self.c == 1:  # byte b of a lane: codes (b & 15, b >> 4) → 16-bit halves of its 32 bits
+            x, u = tirx.Cast("uint32x16", codes), "uint32"
+            idx = (x & tirx.const(15, u)) | ((x & tirx.const(0xF0, u)) << tirx.const(12, u))
+            idx = tirx.reinterpret("uint16x32", idx)
+        else:
+            idx = tirx.Cast("uint16x32", codes)
+        tables = [lut[tirx.Ramp(32 * t, 1, 32)] for t in range(max(1, 2**bits // 32))]
+        if bits <= 5:
+            return T.call_extern("uint16x32", "mxgemm_lut32", idx, tables[0])
+        halves = [
+            T.call_extern("uint16x32", "mxgemm_lut64", idx, tables[2 * t], tables[2 * t + 1])
+            for t in range(len(tables) // 2)
+        ]
+        out = halves[0]
+        for t in range(1, len(halves)):  # 7/8-bit codes: the 64-entry quarter by bits 6..7
+            sel = (idx >> tirx.const(6, "uint16")) == tirx.Broadcast(tirx.const(t, "uint16"), 32)
+            out = tirx.Select(sel, halves[t], out)
+        return out
+
+    def tile(self, a32, S, buf, accm, task, kc, m0, i0, mr) -> None:
+        """The register tile of rows ``m0 + i0 ..`` (``mr`` of them) × ``nr`` column groups over one K
+        chunk: its accumulators from ``accm`` (zero at the first chunk), block by block of 16 dot
+        steps into partial sums scaled into them."""
+        T, h, k = self.T, self.h, self.k
+        f32 = "float32x16"
+        zero = tirx.Broadcast(tirx.const(0.0, "float32"), PAIR)
+        acc = T.alloc_buffer((mr * h.nr * PAIR,), "float32", scope="local")
+        part = T.alloc_buffer((mr * h.nr * PAIR,), "float32", scope="local")
+        tiles = list(itertools.product(range(mr), range(h.nr)))
+
+        def at(i, r):
+            return tirx.Ramp((i * h.nr + r) * PAIR, 1, PAIR)
+
+        def slot(i, r):
+            return tirx.Ramp(((i0 + i) * h.nr + r) * PAIR, 1, PAIR)
+
+        for i, r in tiles:
+            T.buffer_store(acc, tirx.Select(kc == 0, zero, accm[slot(i, r)]), [at(i, r)])
+        with T.serial(0, h.kc // BLOCK) as blk:
+            for i, r in tiles:
+                T.buffer_store(part, zero, [at(i, r)])
+            for p in range(BLOCK // 2):
+                pp = blk * (BLOCK // 2) + p
+                w = [buf[tirx.Ramp((pp * h.nr + r) * PAIR, 1, PAIR)] for r in range(h.nr)]
+                for i in range(mr):
+                    row = m0 + i0 + i
+                    a = tirx.Broadcast(a32[row * (k // 2) + kc * (h.kc // 2) + pp], PAIR)
+                    for r in range(h.nr):
+                        dot = T.call_extern(f32, "mxgemm_dpbf16", part[at(i, r)], a, w[r])
+                        T.buffer_store(part, dot, [at(i, r)])
+            for r in range(h.nr):
+                codes = S[task * h.nr + r, kc * (h.kc // BLOCK) + blk, tirx.Ramp(0, 1, PAIR)]
+                sc = _scale(tirx.Cast("uint32x16", codes))
+                for i in range(mr):
+                    T.buffer_store(acc, acc[at(i, r)] + part[at(i, r)] * sc, [at(i, r)])
+        for i, r in tiles:
+            T.buffer_store(accm, acc[at(i, r)], [slot(i, r)])
+
+
+def _scale(code):
+    """uint32x16 E8M0 codes → float32x16 ``2**(c-127)`` (code 0: 2**-127; 255: NaN), as
+    :func:`mxgemm.codegen.decode.scale_expr`."""
+    u = "uint32"
+    zero_or_nan = tirx.Or(code == tirx.const(0, u), code == tirx.const(255, u))
+    special = tirx.Cast("uint32x16", zero_or_nan) << tirx.const(22, u)
+    return tirx.reinterpret("float32x16", (code << tirx.const(23, u)) | special)
+
+
+def _to_bf16(val):
+    """float32x16 → uint16x16 bf16 bit patterns, rounded to nearest even (NaN kept NaN)."""
+    u = "uint32"
+    bits = tirx.reinterpret("uint32x16", val)
+    lsb = (bits >> tirx.const(16, u)) & tirx.const(1, u)
+    rounded = (bits + tirx.const(0x7FFF, u) + lsb) >> tirx.const(16, u)
+    nan = tirx.NE(val, val)
+    quiet = (bits >> tirx.const(16, u)) | tirx.const(0x40, u)
+    return tirx.Cast("uint16x16", tirx.Select(nan, quiet, rounded))

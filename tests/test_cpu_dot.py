@@ -1,0 +1,106 @@
+"""The ``cpu_dot`` rule (many bf16 rows on CPUs with AVX512-BF16): its layout, what its kernel is made
+of (any x86 host: LLVM builds for a Zen 5 target), and, where this CPU has bf16 dot products, its
+results against the reference: one-hot rows bit-exact for every code and scale, ragged M with and
+without bias within fp32 summation order."""
+
+import pytest
+import torch
+
+import mxgemm
+from mxgemm import formats, layout, ops, packing
+from mxgemm.codegen import cpu_dot
+from mxgemm.codegen import target as targets
+from mxgemm.weight import MxWeight
+from tests.linear_cases import FORMATS
+from tests.test_linear import _check, _weights
+
+ZEN5 = {"kind": "llvm", "mcpu": "znver5"}
+DOT_FORMATS = [f for f in FORMATS if cpu_dot.supports(formats.get(f))]
+host_dots = pytest.mark.skipif(
+    not targets.cpu_bf16_dots(targets.cpu()), reason="this CPU has no AVX512-BF16 dot products"
+)
+
+
+def test_pair_tiles_put_a_k_pair_of_16_rows_in_one_vector():
+    """Byte ``(t, p, 16c·..)`` of the tiles: the codes of rows ``16t..16t+15`` at K ``2p, 2p+1`` (4-bit:
+    one byte a row, low nibble first; else one byte a code); scales ``[n/16, k/32, 16]``, blocks of 64
+    repeated per 32."""
+    g = torch.Generator().manual_seed(0)
+    n, k = 32, 128
+    for bits in (4, 6, 8):
+        codes = torch.randint(0, 2**bits, (n, k), generator=g, dtype=torch.uint8)
+        tiles = layout.pair_tiles(layout.cpu_planes(packing.pack(codes, bits), bits)[0], bits)
+        t, p, r = 1, 37, 5
+        if bits == 4:
+            assert tiles.shape == (n // 16, k // 2, 16)
+            byte, row = int(tiles[t, p, r]), codes[16 * t + r]
+            assert (byte & 15, byte >> 4) == (int(row[2 * p]), int(row[2 * p + 1]))
+        else:
+            assert tiles.shape == (n // 16, k // 2, 32)
+            assert tiles[t, p, 2 * r : 2 * r + 2].tolist() == codes[16 * t + r, 2 * p : 2 * p + 2].tolist()
+    scales = torch.randint(0, 256, (n, k // 64), generator=g, dtype=torch.uint8)
+    st = layout.scale_tiles(scales, 64)
+    assert st.shape == (n // 16, k // 32, 16)
+    assert st[1, 3, 5] == scales[21, 1] and st[1, 2, 5] == scales[21, 1] and st[0, 0, 0] == scales[0, 0]
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp6_e2m3", "mxfp8_e4m3"])
+def test_the_kernel_is_bf16_dot_products_fed_by_register_table_lookups(fmt):
+    """Built for a Zen 5 (on any host): the LLVM IR calls ``vdpbf16ps`` and ``vpermw`` (up to 32
+    codes) or ``vpermi2w`` (64 a table: 6-bit codes one, 8-bit four)."""
+    kernel = mxgemm.build(fmt, n=64, k=256, m_bucket=None, a_dtype="bfloat16", target=ZEN5)
+    assert kernel.rule == "cpu_dot"
+    src = kernel.source
+    assert "@llvm.x86.avx512bf16.dpbf16ps.512" in src
+    lookup = "permvar.hi.512" if formats.get(fmt).bits <= 5 else "vpermi2var.hi.512"
+    assert f"@llvm.x86.avx512.{lookup}" in src
+
+
+def test_the_table_holds_every_code_value_exactly_in_bf16():
+    for fmt in DOT_FORMATS:
+        f = formats.get(fmt)
+        values = torch.tensor(cpu_dot.table(f), dtype=torch.int16).view(torch.bfloat16).float()
+        want = f.decode(torch.arange(2**f.bits, dtype=torch.uint8)).float()
+        assert torch.equal(values.nan_to_num(7.0), want.nan_to_num(7.0)), fmt
+
+
+@host_dots
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("fmt", DOT_FORMATS)
+def test_one_hot_rows_give_every_code_and_scale_bit_exactly(fmt, bias):
+    """Random codes of every value, scale codes 0 (2**-127) through 254, 7 one-hot rows (a 4-row
+    tile and 3 rows one at a time): each output row is W's column, rounded once to bf16 (plus the
+    bias, added in fp32 before that rounding)."""
+    f = formats.get(fmt)
+    n, k = 64, 256
+    g = torch.Generator().manual_seed(5)
+    codes = torch.randint(0, 2**f.bits, (n, k), generator=g, dtype=torch.uint8)
+    unit = torch.full((n, k // 32), 127, dtype=torch.uint8)
+    codes[~mxgemm.dequantize(MxWeight(packing.pack(codes, f.bits), unit, fmt, 32, (n, k))).isfinite()] = 0
+    scales = torch.randint(0, 255, (n, k // 32), generator=g, dtype=torch.uint8)
+    scales[0, :2] = torch.tensor([0, 254], dtype=torch.uint8)
+    q = MxWeight(packing.pack(codes, f.bits), scales, fmt, 32, (n, k))
+    assert ops.plan(7, "llvm", fmt, n, k, "bfloat16") == ("linear", None)
+    cols = torch.tensor([0, 1, 31, 32, 100, 201, 255])
+    x = torch.eye(k, dtype=torch.bfloat16)[cols]
+    b = torch.randn(n, generator=g).bfloat16() if bias else None
+    y = mxgemm.linear(x, q, b)
+    kernel = ops._routes[(7, x.device, x.dtype, fmt, n, k, bias, 32, None)]
+    assert kernel.rule == "cpu_dot"
+    want = mxgemm.dequantize(q)[:, cols].T
+    want = want + b.float() if bias else want
+    assert torch.equal(y, want.bfloat16()), fmt
+
+
+@host_dots
+@pytest.mark.parametrize("fmt", DOT_FORMATS)
+def test_ragged_rows_and_blocks_match_the_reference(fmt):
+    """5, 17 and 70 rows (a row group of 64 and a tail), with and without bias, blocks of 32 and 64,
+    on N = 48 (one 16-column group a task) and 96."""
+    for n, k, block, m, bias in ((96, 384, 32, 5, True), (48, 256, 64, 17, False), (96, 128, 32, 70, True)):
+        q = _weights(fmt, n, k, block)
+        g = torch.Generator().manual_seed(m)
+        x = torch.randn(m, k, generator=g).bfloat16()
+        b = torch.randn(n, generator=g).bfloat16() if bias else None
+        _check(x, q, b, mxgemm.linear(x, q, b))
+        assert ops._routes[(m, x.device, x.dtype, fmt, n, k, bias, block, None)].rule == "cpu_dot"
