@@ -143,15 +143,19 @@ TILE_ROWS = 16  # rows of W per tile of :func:`pair_tiles` (one fp32 vector of o
 
 def pair_tiles(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """The codes of the ``cpu_dot`` kernel for CPU-layout ``codes`` (:func:`cpu_planes`: uint8
-    ``[n, k/2]`` for 4-bit codes, a byte a pair of K neighbours, else ``[n, k]``, a byte a code): uint8
-    ``[n/16, k/2, 16·c]``, for each 16-row tile and K pair the pair's codes of its 16 rows in row
-    order (``c`` = 1 byte a row for 4-bit codes, else 2). ``n`` a multiple of 16."""
+    ``[n, k/2]`` for 4-bit codes, a byte a pair of K neighbours, else ``[n, k]``, a byte a code), in
+    16-row tiles of 32-byte groups that decode to whole vectors of K pairs: uint8 ``[n/16, k/2, 32]``,
+    byte ``2i + e`` of group ``p`` of tile ``t`` the code of row ``16t + i`` at K ``2p + e``; 4-bit
+    codes ``[n/16, k/4, 32]``, that byte's low nibble the code at K ``4p + e`` and its high nibble the
+    one at ``4p + 2 + e`` (two vectors of pairs a group). ``n`` a multiple of 16."""
     n = codes.shape[0]
+    t = n // TILE_ROWS
     if bits == 4:
-        return codes.reshape(n // TILE_ROWS, TILE_ROWS, -1).transpose(1, 2).contiguous()
-    k = codes.shape[1]
-    tiles = codes.reshape(n // TILE_ROWS, TILE_ROWS, k // 2, 2).permute(0, 2, 1, 3)
-    return tiles.reshape(n // TILE_ROWS, k // 2, 2 * TILE_ROWS).contiguous()
+        c = packing.unpack(codes, 4).to(torch.uint8).reshape(t, TILE_ROWS, -1, 2, 2)
+        c = c[..., 0, :] | (c[..., 1, :] << 4)  # [t, 16, k/4, 2]
+    else:
+        c = codes.reshape(t, TILE_ROWS, -1, 2)
+    return c.permute(0, 2, 1, 3).reshape(t, c.shape[2], 2 * TILE_ROWS).contiguous()
 
 
 def scale_tiles(scales: torch.Tensor, block_size: int) -> torch.Tensor:

@@ -57,11 +57,13 @@ def plan(
     """How ``m`` rows of an ``[n, k]`` ``fmt`` weight run on ``arch`` (``"llvm"``, or a CUDA arch such
     as ``"sm_90"``): ``("linear", bucket)``, the decode-fused kernel of that M bucket, or
     ``("decode", None)``: W decoded by a generated kernel, then cuBLAS (CUDA, 16 bits) or torch's GEMM
-    (CPU, in row chunks; :func:`_decode_then_gemm_cpu`). CPU: the few-row GEMV (``cpu_gemv``, buckets
-    1 and 4, rows padded up to the bucket) up to :data:`CPU_FUSED_UP_TO` rows where it tiles the shape;
-    beyond, bf16 rows on CPUs with AVX512-BF16 run the decode-fused ``cpu_dot`` GEMM where it applies
-    (2-core Zen 5, 4096² mxfp4, bf16, 16 rows: 1.05 ms against 4.6 decoded; 64 rows 2.7 against 5.8);
-    else from 2 rows the decode, where its K groups tile K; else the fused dynamic-M kernel. (2-core
+    (CPU, in row chunks; :func:`_decode_then_gemm_cpu`). CPU: bf16 rows on CPUs with AVX512-BF16 run
+    the decode-fused ``cpu_dot`` GEMM at every M where it applies (2-core Zen 5, weights from DRAM,
+    4096² mxfp4, µs: 1 row 213 against the GEMV's 534, 4 rows 342 against 738, 16 rows 800 against
+    4600 decoded, 64 rows 2650 against 5800; on 576×576 17 against 16 at 1 row, 23 against 31 at 4);
+    else the few-row GEMV (``cpu_gemv``, buckets 1 and 4, rows padded up to the bucket) up to
+    :data:`CPU_FUSED_UP_TO` rows where it tiles the shape; else from 2 rows the decode, where its K
+    groups tile K; else the fused dynamic-M kernel. (2-core
     Zen 5, 4096² mxfp4, bf16: 2 rows 9.5 ms dynamic-M, 3.5 decoded, 1.0 GEMV; a 16-row GEMV bucket
     took 7.2 ms against 2.2 decoded: it streams the 16 rows of activations from L2 once per output.)
     CUDA, asking the rules (:mod:`mxgemm.rules`) which apply, by what measured fastest on an H100
@@ -84,10 +86,10 @@ def plan(
         return builder.KernelSpec(fmt, n, k, b, a_dtype, a_dtype, False, block_size or f.block_size, tgt)
 
     if not cuda:
+        if rules.get("cpu_dot").applies(spec(None)):
+            return "linear", None
         if m <= CPU_FUSED_UP_TO and rules.get("cpu_gemv").applies(spec(bucket)):
             return "linear", bucket
-        if m > CPU_FUSED_UP_TO and rules.get("cpu_dot").applies(spec(None)):
-            return "linear", None
         group, _, _ = layout.cpu_group(f.bits, block_size or f.block_size)
         return ("decode", None) if m >= 2 and k % group == 0 else ("linear", 1 if m == 1 else None)
     if m == 1:

@@ -5,11 +5,12 @@ decode-fused GEMM for many rows of bf16 activations on x86 CPUs with AVX-512 BF1
 Weights × activations as an outer product: lane ``l`` of a 16-lane accumulator is output column
 ``n0 + l``; one ``vdpbf16ps`` adds ``x[m, 2p] W[n, 2p] + x[m, 2p+1] W[n, 2p+1]`` to it, the
 activation pair broadcast to every lane (one 32-bit load), the weight pairs of 16 columns one
-vector. The codes come in that order (:func:`mxgemm.layout.pair_tiles`: ``[n/16, k/2, 16, c]``
-bytes, ``c`` = 1 for 4-bit codes, whose byte holds the pair, else 2), so a vector of them decodes to
-32 bf16 weights with no shuffle: each code is the index of a table lookup in a register
-(``vpermw``, 32 entries, or ``vpermi2w``, 64; 7/8-bit codes take 2 or 4 of those and selects),
-whose table holds the element values (every element value of every format is exact in bf16).
+vector. The codes come in that order (:func:`mxgemm.layout.pair_tiles`: 32 bytes a vector, or two
+vectors for 4-bit codes, low nibbles then high ones), so 32 of them zero-extended to 16 bits
+decode to 32 bf16 weights with no shuffle: each code is the index of a table lookup in a register
+(``vpermw``, 32 entries, or ``vpermi2w``, 64; 8-bit floats take two of those on their 7 magnitude
+bits, 7/8-bit ints two or four, and selects), whose table holds the element values (every element
+value of every format is exact in bf16).
 
 The E8M0 scale applies per 32-wide K block: a block's 16 dot steps go to zeroed fp32 partial sums,
 which are added to the accumulators times the 16 columns' scales (exact: a power of two). Scales
@@ -37,8 +38,11 @@ from tvm import tirx
 from mxgemm import formats
 
 PAIR = 16  # columns per vector (fp32 lanes)
+PAIR_VECTORS = {1: 2, 2: 1}  # vectors of weights per 32 code bytes, by bytes a lane's pair takes
 BLOCK = 32  # K per scale step
 MS = 64  # rows whose accumulators a task keeps across K chunks
+PREFETCH = 1  # K chunks ahead that the decode prefetches codes (past a tile's end: the next tile's)
+KCS = tuple(range(32, 513, 32))  # K chunks a task decodes at a time
 MAX_TILE = 24  # partial sums of a register tile, at most (AVX-512 has 32 vector registers)
 
 LLVM_IR = """
@@ -67,14 +71,14 @@ declare <32 x i16> @llvm.x86.avx512.vpermi2var.hi.512(<32 x i16>, <32 x i16>, <3
 class Hints:
     """mr: rows of the register tile; nr: 16-column groups of a task (the tile's other side; its
     ``mr · nr`` accumulators and as many partial sums take registers); kc: K decoded per chunk (the
-    L1 buffer holds ``kc · nr · 32`` bytes)."""
+    L1 buffer holds ``kc · nr · 32`` bytes; a multiple of 32 up to 512)."""
 
     mr: int = 4
     nr: int = 2
     kc: int = 256
 
     def __post_init__(self) -> None:
-        ok = self.mr in (1, 2, 4, 6, 8) and self.nr in (1, 2, 4) and self.kc in (128, 256, 512)
+        ok = self.mr in (1, 2, 4, 6, 8) and self.nr in (1, 2, 4) and self.kc in KCS
         if not ok or self.mr * self.nr > MAX_TILE:
             raise ValueError(f"cpu_dot hints out of range: {self}")
 
@@ -83,7 +87,7 @@ class Hints:
 
 
 def pair_bytes(bits: int) -> int:
-    """Bytes of a lane's code pair: 1 for 4-bit codes (the byte holds both), else 2 (one a byte)."""
+    """Bytes of a lane's code pair: 1 for 4-bit codes (a byte holds two), else 2 (one a byte)."""
     return 1 if bits == 4 else 2
 
 
@@ -93,14 +97,17 @@ def supports(fmt: formats.Format) -> bool:
 
 
 def table(fmt: formats.Format) -> list[int]:
-    """The bf16 bit patterns of every code's element value, in code order (``2**bits`` entries)."""
-    codes = torch.arange(2**fmt.bits, dtype=torch.uint8)
-    return fmt.decode(codes).to(torch.bfloat16).view(torch.int16).tolist()
+    """The bf16 bit patterns of the kernel's lookup tables, a multiple of 32 entries: every code's
+    element value in code order (4-bit codes: twice, as ``vpermw`` reads 5 index bits; 8-bit floats:
+    the positive codes only, their sign is ORed in)."""
+    n = 2**fmt.bits // (2 if fmt.bits == 8 and fmt.kind == "float" else 1)
+    codes = torch.arange(max(32, n), dtype=torch.int32) % n
+    return fmt.decode(codes.to(torch.uint8)).to(torch.bfloat16).view(torch.int16).tolist()
 
 
 def kernel(fmt: formats.Format, *, n: int, k: int, bias: bool, hints: Hints) -> tirx.PrimFunc:
-    """The kernel as a PrimFunc: A ``bfloat16 [m, k]`` (``m`` dynamic),
-    C ``uint8 [n/16, k/2, 16·c]`` (:func:`mxgemm.layout.pair_tiles`), S ``uint8 [n/16, k/32, 16]``
+    """The kernel as a PrimFunc: A ``bfloat16 [m, k]`` (``m`` dynamic), C ``uint8 [n/16, k/2, 32]``
+    (4-bit codes ``[n/16, k/4, 32]``: :func:`mxgemm.layout.pair_tiles`), S ``uint8 [n/16, k/32, 16]``
     (:func:`mxgemm.layout.scale_tiles`), Bias ``bfloat16 [n]`` (if ``bias``), Y ``bfloat16 [m, n]``."""
     from tvm.script.ir_builder import IRBuilder
     from tvm.script.ir_builder import tirx as T
@@ -132,70 +139,88 @@ class _Kernel:
         bias_h = T.arg("Bias", T.handle()) if self.bias else None
         y_h = T.arg("Y", T.handle())
         A = T.match_buffer(a_h, (m, k), "bfloat16")
-        C = T.match_buffer(c_h, (n // PAIR, k // 2, PAIR * c), "uint8")
+        self.C = T.match_buffer(c_h, (n // PAIR, k // (2 * PAIR_VECTORS[c]), 2 * PAIR), "uint8")
         S = T.match_buffer(s_h, (n // PAIR, k // BLOCK, PAIR), "uint8")
         Bias = T.match_buffer(bias_h, (n,), "bfloat16") if self.bias else None
         Y = T.match_buffer(y_h, (m, n), "bfloat16")
         a32 = T.decl_buffer((m * (k // 2),), "uint32", data=A.data)
-        y16 = T.decl_buffer((m * n,), "uint16", data=Y.data)
-        b16 = T.decl_buffer((n,), "uint16", data=Bias.data) if self.bias else None
-        u32x16 = "uint32x16"
+        self.y16 = T.decl_buffer((m * n,), "uint16", data=Y.data)
+        self.b16 = T.decl_buffer((n,), "uint16", data=Bias.data) if self.bias else None
         with T.attr(0, "pragma_import_llvm", LLVM_IR):
             with T.parallel(0, n // (PAIR * h.nr)) as task:
                 entries = table(self.fmt)
-                entries += [0] * (32 - len(entries))
                 lut = T.alloc_buffer((len(entries),), "uint16", scope="local")
                 for i, v in enumerate(entries):
                     T.buffer_store(lut, tirx.const(v & 0xFFFF, "uint16"), [i])
                 buf = T.alloc_buffer((h.kc // 2 * h.nr * PAIR,), "uint32", scope="local")
-                buf16 = T.decl_buffer((h.kc * h.nr * PAIR,), "uint16", data=buf.data)
                 accm = T.alloc_buffer((MS * h.nr * PAIR,), "float32", scope="local")
                 ms_rows = MS // h.mr * h.mr  # rows per group, a multiple of the tile's
                 with T.serial(0, (m + ms_rows - 1) // ms_rows) as ms:
                     m0 = ms * ms_rows
                     rows = tirx.Min(m - m0, tirx.const(ms_rows, "int64"))
                     with T.serial(0, k // h.kc) as kc:
-                        with T.serial(0, h.kc // 2) as p:  # decode the chunk
-                            for r in range(h.nr):
-                                g = task * h.nr + r
-                                codes = C[g, kc * (h.kc // 2) + p, tirx.Ramp(0, 1, PAIR * c)]
-                                w = self.decode(codes, lut)
-                                T.buffer_store(buf16, w, [tirx.Ramp((p * h.nr + r) * 2 * PAIR, 1, 2 * PAIR)])
+                        self.decode_chunk(task, kc, buf, lut)
                         with T.serial(0, rows // h.mr) as mb:
                             self.tile(a32, S, buf, accm, task, kc, m0, mb * h.mr, h.mr)
                         if h.mr > 1:  # the last rows, one at a time
                             with T.serial(0, rows % h.mr) as i:
                                 self.tile(a32, S, buf, accm, task, kc, m0, rows // h.mr * h.mr + i, 1)
-                    with T.serial(0, rows) as i:  # epilogue
-                        row = m0 + i
-                        for r in range(h.nr):
-                            col = (task * h.nr + r) * PAIR
-                            val = accm[tirx.Ramp((i * h.nr + r) * PAIR, 1, PAIR)]
-                            if self.bias:
-                                bb = tirx.Cast(u32x16, b16[tirx.Ramp(col, 1, PAIR)])
-                                val = val + tirx.reinterpret("float32x16", bb << tirx.const(16, "uint32"))
-                            T.buffer_store(y16, _to_bf16(val), [tirx.Ramp(row * n + col, 1, PAIR)])
+                    with T.serial(0, rows) as i:
+                        self.epilogue(task, accm, m0 + i, i)
 
-    def decode(self, codes, lut):
-        """A vector of ``16 · c`` code bytes → 32 bf16 weights (uint16x32), the lane pairs in order."""
-        T, bits = self.T, self.fmt.bits
-        if self.c == 1:  # byte b of a lane: codes (b & 15, b >> 4) → 16-bit halves of its 32 bits
-            x, u = tirx.Cast("uint32x16", codes), "uint32"
-            idx = (x & tirx.const(15, u)) | ((x & tirx.const(0xF0, u)) << tirx.const(12, u))
-            idx = tirx.reinterpret("uint16x32", idx)
-        else:
-            idx = tirx.Cast("uint16x32", codes)
-        tables = [lut[tirx.Ramp(32 * t, 1, 32)] for t in range(max(1, 2**bits // 32))]
-        if bits <= 5:
+    def decode_chunk(self, task, kc, buf, lut) -> None:
+        """The task's codes of K chunk ``kc`` decoded into ``buf`` (pair ``p`` of column group ``r`` at
+        ``(p · nr + r) · 16`` words), and those of chunk ``kc + PREFETCH`` prefetched."""
+        T, h = self.T, self.h
+        v = PAIR_VECTORS[self.c]
+        buf16 = T.decl_buffer((h.kc * h.nr * PAIR,), "uint16", data=buf.data)
+        with T.serial(0, h.kc // (2 * v)) as q:
+            for r in range(h.nr):
+                g = task * h.nr + r
+                group = kc * (h.kc // (2 * v)) + q
+                codes = self.C[g, group, tirx.Ramp(0, 1, 2 * PAIR)]
+                ahead = T.address_of(self.C[g, group + PREFETCH * (h.kc // (2 * v)), 0])
+                T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", ahead, 0, 3, 1))
+                wide = tirx.Cast("uint16x32", codes)
+                for sv in range(v):  # 4-bit codes: low nibbles, then high ones
+                    idx = wide >> tirx.const(4, "uint16") if sv else wide
+                    at = ((q * v + sv) * h.nr + r) * 2 * PAIR
+                    T.buffer_store(buf16, self.decode(idx, lut), [tirx.Ramp(at, 1, 2 * PAIR)])
+
+    def epilogue(self, task, accm, row, i) -> None:
+        """Row ``row`` of Y (row ``i`` of the group in ``accm``): plus the bias, rounded to bf16."""
+        h, n = self.h, self.n
+        for r in range(h.nr):
+            col = (task * h.nr + r) * PAIR
+            val = accm[tirx.Ramp((i * h.nr + r) * PAIR, 1, PAIR)]
+            if self.bias:
+                bb = tirx.Cast("uint32x16", self.b16[tirx.Ramp(col, 1, PAIR)])
+                val = val + tirx.reinterpret("float32x16", bb << tirx.const(16, "uint32"))
+            self.T.buffer_store(self.y16, _to_bf16(val), [tirx.Ramp(row * n + col, 1, PAIR)])
+
+    def decode(self, idx, lut):
+        """uint16x32 codes (4-bit codes: in the low nibble, bit 4 ignored) → their 32 bf16 weights.
+        Up to 5 bits: one ``vpermw``; 6: one ``vpermi2w``; 8-bit floats: two on the sign-less 7 bits,
+        a select, the sign ORed in; 7/8-bit ints: one per 64 codes and selects."""
+        T, f = self.T, self.fmt
+        u16 = "uint16"
+        tables = [lut[tirx.Ramp(32 * t, 1, 32)] for t in range(len(table(f)) // 32)]
+        if f.bits <= 5:
             return T.call_extern("uint16x32", "mxgemm_lut32", idx, tables[0])
-        halves = [
-            T.call_extern("uint16x32", "mxgemm_lut64", idx, tables[2 * t], tables[2 * t + 1])
-            for t in range(len(tables) // 2)
-        ]
-        out = halves[0]
-        for t in range(1, len(halves)):  # 7/8-bit codes: the 64-entry quarter by bits 6..7
-            sel = (idx >> tirx.const(6, "uint16")) == tirx.Broadcast(tirx.const(t, "uint16"), 32)
-            out = tirx.Select(sel, halves[t], out)
+
+        def lut64(t, ix=idx):
+            return T.call_extern("uint16x32", "mxgemm_lut64", ix, tables[2 * t], tables[2 * t + 1])
+
+        if f.bits == 6:
+            return lut64(0)
+        if f.kind == "float":  # sign-magnitude: the table of the positive half, then the sign
+            bit6 = (idx & tirx.const(64, u16)) != tirx.Broadcast(tirx.const(0, u16), 32)
+            mag = tirx.Select(bit6, lut64(1), lut64(0))
+            return mag | ((idx & tirx.const(0x80, u16)) << tirx.const(8, u16))
+        out = lut64(0)
+        for t in range(1, len(tables) // 2):  # the 64-code quarter by bits 6..7
+            sel = (idx >> tirx.const(6, u16)) == tirx.Broadcast(tirx.const(t, u16), 32)
+            out = tirx.Select(sel, lut64(t), out)
         return out
 
     def tile(self, a32, S, buf, accm, task, kc, m0, i0, mr) -> None:

@@ -9,11 +9,11 @@ import itertools
 from typing import Any
 
 from mxgemm import formats
-from mxgemm.codegen.cpu_dot import MAX_TILE, Hints, fits, kernel, supports
+from mxgemm.codegen.cpu_dot import KCS, MAX_TILE, Hints, fits, kernel, supports
 from mxgemm.codegen.target import cpu_bf16_dots
 from mxgemm.rules.base import Rule, Scheduled, cheapest
 
-PREFERRED = (Hints(4, 4, 256), Hints(4, 2, 256), Hints(4, 1, 256))  # measured best first, by N
+PREFERRED = ((4, 4), (8, 2), (4, 2), (4, 1), (2, 4))  # (mr, nr), measured best first
 
 
 class CpuDot(Rule):
@@ -40,18 +40,22 @@ class CpuDot(Rule):
     def candidates(self, spec: Any) -> list[Hints]:
         if not self._serves(spec):
             return []
-        shapes = itertools.product((256, 128, 512), (4, 2, 1), (4, 2, 6, 8))
+        shapes = itertools.product((kc for kc in KCS if spec.k % kc == 0), (4, 2, 1), (4, 2, 6, 8, 1))
         every = (Hints(mr, nr, kc) for kc, nr, mr in shapes if mr * nr <= MAX_TILE)
         return [h for h in every if fits(h, spec.n, spec.k)]
 
     def cost(self, spec: Any, h: Hints) -> float:
-        """The measured preference order (:data:`PREFERRED`), then fewer tasks than 8 per thread ranked
-        down. Measured on a 2-core Zen 5 (AVX-512 BF16), 2026-11-25, mxfp4 4096², median ms, weights
-        from DRAM: M=16: 4×2 1.05, 2×4 1.04, 8×1 1.21, 4×1 1.23 (K chunk 256; 512: 1.07); M=64: 4×4
-        2.74, 8×2 3.03, 6×4 3.35, 8×1 3.46 (torch bf16: 1.3–1.6 and 2.8–3.4)."""
-        rank = PREFERRED.index(h) if h in PREFERRED else len(PREFERRED) + h.mr * h.nr / 100
+        """The measured preference of tile shapes (:data:`PREFERRED`), a K chunk near 256 (the largest
+        dividing K up to it), and at least 16 tasks (8 a thread on 2 cores). Measured on a 2-core Zen 5
+        (AVX-512 BF16), 2026-11-25, mxfp4 4096², every call on another of 12 weight copies (from
+        DRAM), hint sets interleaved, median ms: M=16 4×4 0.80, 8×2 0.78, 6×2 0.84, 8×1 0.84, 4×2 0.86,
+        4×1 0.87, 2×4 0.89, 6×4 0.92; M=64 4×4 2.65, 8×2 2.68, 6×2 2.84, 4×2 3.01, 2×4 3.09, 8×1 3.10, 4×1
+        3.13, 6×4 3.18; M=256 4×4 10.5, 8×2 11.0, 4×2 12.0; K chunks of 128 / 256 / 512 (4×4): M=1 0.21 /
+        0.24 / 0.47, M=4 0.31 / 0.38 / 0.51, M=256 10.8 / 10.5 / 10.8."""
+        shape = (h.mr, h.nr)
+        rank = PREFERRED.index(shape) if shape in PREFERRED else len(PREFERRED) + h.mr * h.nr / 100
         tasks = spec.n // (16 * h.nr)
-        return rank + (1.0 if tasks < 16 else 0.0)
+        return rank + abs(256 - h.kc) / 256 + (0.5 if h.kc > 256 else 0.0) + (2.0 if tasks < 16 else 0.0)
 
     def default_hints(self, spec: Any) -> Hints | None:
         return cheapest(self, spec)
