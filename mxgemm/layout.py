@@ -72,7 +72,7 @@ def transform_weight(q: MxWeight, kernel: object = None) -> list[torch.Tensor]:
         :func:`pair_tiles` and :func:`scale_tiles`.
     """
     bits = q.format.bits
-    if getattr(kernel, "rule", None) == "cpu_dot":
+    if kernel_layout(kernel) == "tiles":
         return [pair_tiles(cpu_planes(q.blocks, bits)[0], bits), scale_tiles(q.scales, q.block_size)]
     planes = cpu_planes(q.blocks, bits) if reads_cpu_layout(kernel) else to_planes(q.blocks, bits)
     return [*planes, q.scales]
@@ -83,6 +83,14 @@ def reads_cpu_layout(kernel: object) -> bool:
     ``cpu_gemv`` and ``cpu_dequant``; GPU kernels, the dynamic-M CPU kernel and None read
     :func:`to_planes`."""
     return getattr(kernel, "rule", None) in ("cpu_gemv", "cpu_dequant")
+
+
+def kernel_layout(kernel: object) -> str:
+    """The name of the layout ``kernel`` reads its weight in (:func:`transform_weight`): ``"tiles"``
+    (rule ``cpu_dot``), ``"cpu"`` (:func:`reads_cpu_layout`) or ``"planes"``."""
+    if getattr(kernel, "rule", None) == "cpu_dot":
+        return "tiles"
+    return "cpu" if reads_cpu_layout(kernel) else "planes"
 
 
 CPU_LANES = 32  # codes of one byte-vector load in the CPU decode, at most

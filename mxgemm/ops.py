@@ -270,7 +270,7 @@ def _forward(
     else:
         out = torch.empty(m + pad, n, dtype=x.dtype, device=dev)
         tail = [out] if bias is None else [bias.contiguous(), out]
-        if kernel.rule == "cpu_dot":
+        if layout.kernel_layout(kernel) == "tiles":
             *planes, scales = _pair_tiles(planes, scales, fmt, block_size)
         elif layout.reads_cpu_layout(kernel):
             planes = _cpu_planes(planes, fmt)

@@ -276,19 +276,19 @@ def _time_cpu(kernels: list[builder.Kernel], task: Task, seconds: float | None) 
     from DRAM; the fastest hints differ from L3-resident ones, as `mxgemm bench --device cpu` times
     them). :data:`CPU_CALLS` rounds, fewer when ``seconds`` runs out (at least 5)."""
     from mxgemm import bench_cpu
-    from mxgemm.layout import reads_cpu_layout
+    from mxgemm.layout import kernel_layout
 
     if not kernels:
         return []
     nbytes = task.n * task.k * formats.get(task.fmt).bits // 8
     copies = bench_cpu._copies(nbytes)
-    layouts = {}  # the weight copies of each layout the candidates read (the CPU rules' or the planes)
+    layouts = {}  # the weight copies of each layout the candidates read (`layout.kernel_layout`)
     for kernel in kernels:
-        if reads_cpu_layout(kernel) not in layouts:
-            layouts[reads_cpu_layout(kernel)] = _inputs(task, torch.device("cpu"), copies, kernel)
+        if kernel_layout(kernel) not in layouts:
+            layouts[kernel_layout(kernel)] = _inputs(task, torch.device("cpu"), copies, kernel)
     x, _, y, _ = next(iter(layouts.values()))
     for kernel in kernels:
-        for w in layouts[reads_cpu_layout(kernel)][1]:
+        for w in layouts[kernel_layout(kernel)][1]:
             kernel(x, *w, y)
     times: list[list[float]] = [[] for _ in kernels]
     start = time.perf_counter()
@@ -296,7 +296,7 @@ def _time_cpu(kernels: list[builder.Kernel], task: Task, seconds: float | None) 
         if i >= 5 and seconds is not None and time.perf_counter() - start > seconds:
             break
         for j, (kernel, ts) in enumerate(zip(kernels, times, strict=True)):
-            weights = layouts[reads_cpu_layout(kernel)][1]
+            weights = layouts[kernel_layout(kernel)][1]
             w = weights[(i * len(kernels) + j) % len(weights)]  # the least recently read copy
             t0 = time.perf_counter()
             kernel(x, *w, y)

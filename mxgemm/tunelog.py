@@ -131,7 +131,7 @@ _RULE_INPUTS = ("codegen/prim_func.py", "codegen/decode.py", "formats.py", "layo
 
 
 # sources a rule has on top of _RULE_INPUTS
-_RULE_EXTRA = {"mma": ("codegen/pairs.py", "codegen/mma.py")}
+_RULE_EXTRA = {"mma": ("codegen/pairs.py", "codegen/mma.py"), "cpu_dot": ("codegen/cpu_dot.py",)}
 
 
 @functools.cache

@@ -159,7 +159,7 @@ def test_cached_cuda_kernels_need_no_nvcc(monkeypatch, tmp_path):
 
 
 def test_cpu_kernel_exposes_llvm_source():
-    k = mxgemm.build("mxfp4", n=32, k=64, a_dtype="bfloat16")
+    k = mxgemm.build("mxfp4", n=32, k=64, a_dtype="float16")  # fp16 rows: the fused dynamic-M `cpu` rule
     assert k.rule == "cpu" and "define" in k.source and k.path.exists()
 
 

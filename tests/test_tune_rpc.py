@@ -98,7 +98,7 @@ def _wait(cond, what: str, proc: subprocess.Popen, timeout: float = 60) -> None:
 
 def _built(tmp_path: Path, shapes, budget: int = 3) -> tuple[Path, list[tune.Task]]:
     arch = builder.arch_name(targets.cpu())
-    todo, _ = tune.tasks(shapes, ["mxfp4"], [1, 4], "bfloat16", arch)
+    todo, _ = tune.tasks(shapes, ["mxfp4"], [1, 4], "float16", arch)  # fp16: cpu_gemv on every x86 CPU
     kdir = tmp_path / "kernels"
     tune.build(todo, budget, kdir, jobs=2)
     return kdir, todo
@@ -115,7 +115,7 @@ def test_rpc_measures_every_candidate_and_the_log_keeps_its_fastest(tmp_path):
 
         log = tmp_path / "log.json"  # the whole path: build here, measure there, merge here
         argv = ["tune", "--shapes", "64,256", "--format", "mxfp4", "--m", "1", "--arch", "llvm"]
-        argv += ["--a-dtype", "bfloat16", "--budget", "2", "--log", str(log), "--rpc", addr, "--rpc-key", KEY]
+        argv += ["--a-dtype", "float16", "--budget", "2", "--log", str(log), "--rpc", addr, "--rpc-key", KEY]
         assert cli.main(argv) == 0
         kept = tunelog.read(log)
         assert {r.key() for r in kept} == {t.key() for t in todo if t.n == 64 and t.m_bucket == 1}
