@@ -107,8 +107,14 @@ def cpu_bf16_dot() -> bool:
     """Whether this CPU has bf16 dot-product instructions that torch's GEMM (oneDNN) uses: x86
     AVX512-BF16 or AMX-BF16, arm64 BF16 (read from ``/proc/cpuinfo``; False where it cannot be read).
     Without them a bf16 GEMM is emulated and slower than fp32."""
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The running CPU's feature flags as the kernel reports them (``/proc/cpuinfo``; empty where it
+    cannot be read): what a VM really passes through, which a CPU model name does not tell."""
     try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
+        return frozenset(Path("/proc/cpuinfo").read_text().split())
     except OSError:
-        return False
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+        return frozenset()

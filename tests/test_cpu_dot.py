@@ -110,3 +110,19 @@ def test_ragged_rows_and_blocks_match_the_reference(fmt):
         b = torch.randn(n, generator=g).bfloat16() if bias else None
         _check(x, q, b, mxgemm.linear(x, q, b))
         assert ops._routes[(m, x.device, x.dtype, fmt, n, k, bias, block, None)].rule == "cpu_dot"
+
+
+def test_a_cpu_that_hides_its_bf16_dots_gets_no_cpu_dot(monkeypatch):
+    """This machine's target takes ``cpu_dot`` only where the running CPU reports AVX512-BF16 and
+    AVX512-BW (a VM may hide features that its CPU model has); other targets go by their model."""
+    from mxgemm import system
+
+    host = {**targets.cpu(), "mcpu": "znver5"}
+    monkeypatch.setattr(targets, "cpu", lambda: host)
+    monkeypatch.setattr(system, "cpu_flags", lambda: frozenset({"avx512f", "avx512bw", "avx2"}))
+    assert not targets.cpu_bf16_dots(host)
+    assert targets.cpu_bf16_dots({"kind": "llvm", "mcpu": "znver5", "mattr": []})  # not this machine's
+    monkeypatch.setattr(system, "cpu_flags", lambda: frozenset({"avx512f", "avx512bw", "avx512_bf16"}))
+    assert targets.cpu_bf16_dots(host)
+    monkeypatch.setattr(system, "cpu_flags", frozenset)  # flags unreadable: the model decides
+    assert targets.cpu_bf16_dots(host)

@@ -143,6 +143,13 @@ def cpu_converts_f16(target: dict[str, Any]) -> bool:
 
 def cpu_bf16_dots(target: dict[str, Any]) -> bool:
     """Whether an LLVM target has the x86 bf16 dot product (AVX512-BF16 ``vdpbf16ps``) and the 16-bit
-    register table lookups (AVX512-BW ``vpermw``/``vpermi2w``) that the ``cpu_dot`` kernel is made of."""
+    register table lookups (AVX512-BW ``vpermw``/``vpermi2w``) that the ``cpu_dot`` kernel is made of.
+    For this machine's target, the running CPU must report both too (:func:`mxgemm.system.cpu_flags`
+    where it can be read): LLVM names the CPU by its model, and a VM may hide some of its features."""
+    from mxgemm import system
+
     feats = _features(target)
-    return "avx512bf16" in feats and "avx512bw" in feats
+    if not ("avx512bf16" in feats and "avx512bw" in feats):
+        return False
+    flags = system.cpu_flags() if target == cpu() else frozenset()
+    return not flags or {"avx512_bf16", "avx512bw"} <= flags
