@@ -159,7 +159,8 @@ def test_cached_cuda_kernels_need_no_nvcc(monkeypatch, tmp_path):
 
 
 def test_cpu_kernel_exposes_llvm_source():
-    k = mxgemm.build("mxfp4", n=32, k=64, a_dtype="float16")  # fp16 rows: the fused dynamic-M `cpu` rule
+    avx2 = {"kind": "llvm", "mcpu": "znver3"}  # no AVX-512: the fused dynamic-M `cpu` rule
+    k = mxgemm.build("mxfp4", n=32, k=64, a_dtype="bfloat16", target=avx2)
     assert k.rule == "cpu" and "define" in k.source and k.path.exists()
 
 
@@ -269,6 +270,7 @@ def test_routing_by_bucket_format_and_shape(monkeypatch):
     assert ops.plan(16, "sm_90", "mxfp4", 4096, 4096, "bfloat16") == ("linear", 16)
     assert ops.plan(65, "sm_90", "mxfp4", 4096, 4096, "bfloat16") == ("decode", None)
     ops.plan.cache_clear()
+    monkeypatch.setattr(targets, "cpu", lambda: {"kind": "llvm", "mcpu": "znver3"})  # AVX2
     cpu = {m: ops.plan(m, "llvm", "mxfp4", 4096, 4096, "float16") for m in (1, 3, 4, 5, 17)}
     assert cpu == {
         1: ("linear", 1),
@@ -278,6 +280,12 @@ def test_routing_by_bucket_format_and_shape(monkeypatch):
         17: ("decode", None),
     }
     assert ops.plan(3, "llvm", "mxfp4", 4096, 4104, "float16", 8) == ("decode", None)  # no GEMV tiles K
+    ops.plan.cache_clear()
+    monkeypatch.setattr(targets, "cpu", lambda: {"kind": "llvm", "mcpu": "znver5"})  # AVX-512 BF16
+    for dtype in ("bfloat16", "float16"):  # cpu_dot, one dynamic-M kernel for every M
+        assert {ops.plan(m, "llvm", "mxfp4", 4096, 4096, dtype) for m in (1, 3, 5, 300)} == {("linear", None)}
+    assert ops.plan(3, "llvm", "mxfp4", 4096, 4104, "float16", 8) == ("decode", None)  # block 8
+    ops.plan.cache_clear()
 
 
 def test_tune_log_decides_fused_or_decode(monkeypatch, tmp_path):

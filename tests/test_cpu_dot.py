@@ -1,7 +1,8 @@
-"""The ``cpu_dot`` rule (many bf16 rows on CPUs with AVX512-BF16): its layout, what its kernel is made
-of (any x86 host: LLVM builds for a Zen 5 target), and, where this CPU has bf16 dot products, its
-results against the reference: one-hot rows bit-exact for every code and scale, ragged M with and
-without bias within fp32 summation order."""
+"""The ``cpu_dot`` rule (x86 CPUs with AVX-512: bf16 dot products, or fp32 multiply-adds): its layout,
+what its kernel is made of (any x86 host: LLVM builds for a Zen 5 and an Ice Lake target), and, where
+this CPU runs it, its results against the reference in each of its modes (bf16 rows on ``vdpbf16ps``;
+bf16 rows as on a CPU without AVX512-BF16; fp16 rows): one-hot rows bit-exact for every code and
+scale, ragged M with and without bias within fp32 summation order."""
 
 import pytest
 import torch
@@ -15,10 +16,24 @@ from tests.linear_cases import FORMATS
 from tests.test_linear import _check, _weights
 
 ZEN5 = {"kind": "llvm", "mcpu": "znver5"}
+ICELAKE = {"kind": "llvm", "mcpu": "icelake-server"}  # AVX-512 BW, no BF16
 DOT_FORMATS = [f for f in FORMATS if cpu_dot.supports(formats.get(f))]
-host_dots = pytest.mark.skipif(
-    not targets.cpu_bf16_dots(targets.cpu()), reason="this CPU has no AVX512-BF16 dot products"
-)
+MODES = ["bf16-dot", "bf16-fma", "fp16-fma"]
+
+
+@pytest.fixture(params=MODES)
+def mode(request, monkeypatch):
+    """(activation dtype, the dot the kernel uses), skipped where this CPU cannot run it; bf16-fma
+    routes as a CPU without AVX512-BF16 does."""
+    dtype, dot = request.param.split("-")
+    if not (targets.cpu_bf16_dots if dot == "dot" else targets.cpu_word_lookups)(targets.cpu()):
+        pytest.skip(f"this CPU cannot run cpu_dot's {request.param} kernels")
+    if request.param == "bf16-fma":  # this machine as a CPU without AVX512-BF16
+        host = targets.cpu()
+        monkeypatch.setattr(targets, "cpu", lambda: {**host, "mattr": ["-avx512bf16"]})
+    ops.clear_kernels()
+    yield {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    ops.clear_kernels()
 
 
 def test_pair_tiles_put_a_k_pair_of_16_rows_in_one_vector():
@@ -49,14 +64,22 @@ def test_pair_tiles_put_a_k_pair_of_16_rows_in_one_vector():
     assert st[1, 3, 5] == scales[21, 1] and st[1, 2, 5] == scales[21, 1] and st[0, 0, 0] == scales[0, 0]
 
 
+@pytest.mark.parametrize(
+    ("target", "dtype"),
+    [(ZEN5, "bfloat16"), (ZEN5, "float16"), (ICELAKE, "bfloat16")],
+    ids=["dot", "fp16", "fma"],
+)
 @pytest.mark.parametrize("fmt", ["mxfp4", "mxfp6_e2m3", "mxfp8_e4m3"])
-def test_the_kernel_is_bf16_dot_products_fed_by_register_table_lookups(fmt):
-    """Built for a Zen 5 (on any host): the LLVM IR calls ``vdpbf16ps`` and ``vpermw`` (up to 32
-    codes) or ``vpermi2w`` (64 a table: 6-bit codes one, 8-bit four)."""
-    kernel = mxgemm.build(fmt, n=64, k=256, m_bucket=None, a_dtype="bfloat16", target=ZEN5)
+def test_the_kernel_is_dot_products_fed_by_register_table_lookups(fmt, target, dtype):
+    """Built on any host: the LLVM IR looks codes up with ``vpermw`` (up to 32 codes) or ``vpermi2w``
+    (64 a table: 6-bit codes one, 8-bit four), then multiplies with ``vdpbf16ps`` for bf16 rows on
+    a Zen 5, else with fp32 multiply-adds (fp16 rows; a CPU without AVX512-BF16)."""
+    kernel = mxgemm.build(fmt, n=64, k=256, m_bucket=None, a_dtype=dtype, target=target)
     assert kernel.rule == "cpu_dot"
     src = kernel.source
-    assert "@llvm.x86.avx512bf16.dpbf16ps.512" in src
+    dots = "@llvm.x86.avx512bf16.dpbf16ps.512" in src
+    assert dots == (target is ZEN5 and dtype == "bfloat16")
+    assert dots or "@llvm.fma.v16f32" in src
     lookup = "permvar.hi.512" if formats.get(fmt).bits <= 5 else "vpermi2var.hi.512"
     assert f"@llvm.x86.avx512.{lookup}" in src
 
@@ -70,10 +93,9 @@ def test_the_table_holds_every_code_value_exactly_in_bf16():
         assert torch.equal(values.nan_to_num(7.0), want.nan_to_num(7.0)), fmt
 
 
-@host_dots
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("fmt", DOT_FORMATS)
-def test_one_hot_rows_give_every_code_and_scale_bit_exactly(fmt, bias):
+def test_one_hot_rows_give_every_code_and_scale_bit_exactly(fmt, bias, mode):
     """Random codes of every value, scale codes 0 (2**-127) through 254, 7 one-hot rows (a 4-row
     tile and 3 rows one at a time): each output row is W's column, rounded once to bf16 (plus the
     bias, added in fp32 before that rounding)."""
@@ -85,44 +107,55 @@ def test_one_hot_rows_give_every_code_and_scale_bit_exactly(fmt, bias):
     codes[~mxgemm.dequantize(MxWeight(packing.pack(codes, f.bits), unit, fmt, 32, (n, k))).isfinite()] = 0
     scales = torch.randint(0, 255, (n, k // 32), generator=g, dtype=torch.uint8)
     scales[0, :2] = torch.tensor([0, 254], dtype=torch.uint8)
+    if mode is torch.float16:  # weights within fp16's range
+        scales = scales.clamp(max=127 + 15 - f.emax - 1)
     q = MxWeight(packing.pack(codes, f.bits), scales, fmt, 32, (n, k))
-    assert ops.plan(7, "llvm", fmt, n, k, "bfloat16") == ("linear", None)
+    assert ops.plan(7, "llvm", fmt, n, k, str(mode).split(".")[1]) == ("linear", None)
     cols = torch.tensor([0, 1, 31, 32, 100, 201, 255])
-    x = torch.eye(k, dtype=torch.bfloat16)[cols]
-    b = torch.randn(n, generator=g).bfloat16() if bias else None
+    x = torch.eye(k, dtype=mode)[cols]
+    b = torch.randn(n, generator=g).to(mode) if bias else None
     y = mxgemm.linear(x, q, b)
     kernel = ops._routes[(7, x.device, x.dtype, fmt, n, k, bias, 32, None)]
     assert kernel.rule == "cpu_dot"
     want = mxgemm.dequantize(q)[:, cols].T
     want = want + b.float() if bias else want
-    assert torch.equal(y, want.bfloat16()), fmt
+    assert torch.equal(y, want.to(mode)), fmt
 
 
-@host_dots
 @pytest.mark.parametrize("fmt", DOT_FORMATS)
-def test_ragged_rows_and_blocks_match_the_reference(fmt):
+def test_ragged_rows_and_blocks_match_the_reference(fmt, mode):
     """5, 17 and 70 rows (a row group of 64 and a tail), with and without bias, blocks of 32 and 64,
     on N = 48 (one 16-column group a task) and 96."""
     for n, k, block, m, bias in ((96, 384, 32, 5, True), (48, 256, 64, 17, False), (96, 128, 32, 70, True)):
         q = _weights(fmt, n, k, block)
         g = torch.Generator().manual_seed(m)
-        x = torch.randn(m, k, generator=g).bfloat16()
-        b = torch.randn(n, generator=g).bfloat16() if bias else None
+        x = torch.randn(m, k, generator=g).to(mode)
+        b = torch.randn(n, generator=g).to(mode) if bias else None
         _check(x, q, b, mxgemm.linear(x, q, b))
         assert ops._routes[(m, x.device, x.dtype, fmt, n, k, bias, block, None)].rule == "cpu_dot"
 
 
-def test_a_cpu_that_hides_its_bf16_dots_gets_no_cpu_dot(monkeypatch):
-    """This machine's target takes ``cpu_dot`` only where the running CPU reports AVX512-BF16 and
-    AVX512-BW (a VM may hide features that its CPU model has); other targets go by their model."""
+def test_a_cpu_that_hides_its_bf16_dots_gets_no_bf16_dot_kernels(monkeypatch):
+    """This machine's target drops the features its CPU model has but the running CPU does not report
+    (a VM may hide some): no ``vdpbf16ps`` kernel for it, and its kernels are cached apart."""
     from mxgemm import system
 
-    host = {**targets.cpu(), "mcpu": "znver5"}
-    monkeypatch.setattr(targets, "cpu", lambda: host)
-    monkeypatch.setattr(system, "cpu_flags", lambda: frozenset({"avx512f", "avx512bw", "avx2"}))
-    assert not targets.cpu_bf16_dots(host)
-    assert targets.cpu_bf16_dots({"kind": "llvm", "mcpu": "znver5", "mattr": []})  # not this machine's
-    monkeypatch.setattr(system, "cpu_flags", lambda: frozenset({"avx512f", "avx512bw", "avx512_bf16"}))
-    assert targets.cpu_bf16_dots(host)
-    monkeypatch.setattr(system, "cpu_flags", frozenset)  # flags unreadable: the model decides
-    assert targets.cpu_bf16_dots(host)
+    model = {"kind": "llvm", "mcpu": "znver5"}
+
+    def host(flags):
+        targets.cpu.cache_clear()
+        monkeypatch.setattr(system, "cpu_flags", lambda: frozenset(flags))
+        from tvm.target import codegen
+
+        monkeypatch.setattr(codegen, "llvm_get_system_cpu", lambda: "znver5")
+        return targets.cpu()
+
+    try:
+        hidden = host({"avx512f", "avx512bw", "avx2", "fma", "f16c"})
+        assert hidden == {**model, "mattr": ["-avx512bf16"]}
+        assert not targets.cpu_bf16_dots(hidden) and targets.cpu_word_lookups(hidden)
+        assert host({"avx512f", "avx512bw", "avx512_bf16", "avx2", "fma", "f16c"}) == model
+        assert host(()) == model  # flags unreadable: the model decides
+        assert targets.cpu_bf16_dots(model)
+    finally:
+        targets.cpu.cache_clear()

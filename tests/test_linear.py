@@ -32,10 +32,11 @@ from tests.linear_cases import (
 
 @pytest.fixture
 def no_cpu_dot(monkeypatch):
-    """The CPU routing of a CPU without bf16 dot products (``cpu_dot`` declines every spec)."""
+    """The CPU routing of a CPU without AVX-512 (``cpu_dot`` declines every spec)."""
     from mxgemm.rules import cpu_dot
 
     monkeypatch.setattr(cpu_dot, "cpu_bf16_dots", lambda target: False)
+    monkeypatch.setattr(cpu_dot, "cpu_word_lookups", lambda target: False)
     ops.clear_kernels()
     yield
     ops.clear_kernels()
@@ -267,7 +268,7 @@ def test_gpu_linear_small_m(fmt, dtype, bias):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fmt", CHUNK_FORMATS)
 def test_cpu_decode_path_in_chunks(fmt, dtype, monkeypatch, no_cpu_dot):
-    """Five or more rows on CPU without ``cpu_dot`` (a CPU without bf16 dot products, or fp16 rows): W
+    """Five or more rows on CPU without ``cpu_dot`` (a CPU without AVX-512): W
     decoded by the ``cpu_dequant`` kernel a 64-row chunk at a time (in the permuted K order, with x
     permuted to match), each chunk through torch's GEMM, bias per chunk: numerics, and one-hot rows
     give W's columns bit-exactly."""

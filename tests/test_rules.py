@@ -62,7 +62,7 @@ def test_the_registry_names_every_rule():
         (_spec("mxfp4", 4096, 4096, 1, "float16", op="decode"), {"dequant", "dlight"}),
         (_spec("mxfp4", 4096, 4096, None, "bfloat16", arch=ZEN3), {"cpu"}),  # no bf16 dot products
         (_spec("mxfp4", 4096, 4096, None, "bfloat16", arch=ZEN5), {"cpu_dot", "cpu"}),
-        (_spec("mxfp4", 4096, 4096, None, "float16", arch=ZEN5), {"cpu"}),  # fp16 rows: not exact in bf16
+        (_spec("mxfp4", 4096, 4096, None, "float16", arch=ZEN5), {"cpu_dot", "cpu"}),  # fp32 multiply-adds
         (_spec("mxfp4", 4096, 4096, None, "bfloat16", arch=ZEN5, block_size=16), {"cpu"}),  # 2 scales a block
         (_spec("bfp2", 4096, 4096, None, "bfloat16", arch=ZEN5), {"cpu"}),  # 2-bit codes: not decoded
         (_spec("mxfp4", 4104, 4096, None, "bfloat16", arch=ZEN5), {"cpu"}),  # N not a multiple of 16

@@ -37,6 +37,7 @@ from tvm import tirx
 
 from mxgemm import formats
 
+DOTS = ("bf16", "fma")  # how a pair of K neighbours is multiplied (see :func:`kernel`)
 PAIR = 16  # columns per vector (fp32 lanes)
 PAIR_VECTORS = {1: 2, 2: 1}  # vectors of weights per 32 code bytes, by bytes a lane's pair takes
 BLOCK = 32  # K per scale step
@@ -105,16 +106,31 @@ def table(fmt: formats.Format) -> list[int]:
     return fmt.decode(codes.to(torch.uint8)).to(torch.bfloat16).view(torch.int16).tolist()
 
 
-def kernel(fmt: formats.Format, *, n: int, k: int, bias: bool, hints: Hints) -> tirx.PrimFunc:
-    """The kernel as a PrimFunc: A ``bfloat16 [m, k]`` (``m`` dynamic), C ``uint8 [n/16, k/2, 32]``
+def kernel(  # noqa: PLR0913
+    fmt: formats.Format,
+    *,
+    n: int,
+    k: int,
+    bias: bool,
+    hints: Hints,
+    a_dtype: str = "bfloat16",
+    dot: str = "bf16",
+) -> tirx.PrimFunc:
+    """The kernel as a PrimFunc: A ``a_dtype [m, k]`` (``m`` dynamic; ``float32`` for ``dot="fma"``: the
+    caller converts it, once, so each of its loads is one broadcast), C ``uint8 [n/16, k/2, 32]``
     (4-bit codes ``[n/16, k/4, 32]``: :func:`mxgemm.layout.pair_tiles`), S ``uint8 [n/16, k/32, 16]``
-    (:func:`mxgemm.layout.scale_tiles`), Bias ``bfloat16 [n]`` (if ``bias``), Y ``bfloat16 [m, n]``."""
+    (:func:`mxgemm.layout.scale_tiles`), Bias ``a_dtype [n]`` (if ``bias``), Y ``a_dtype [m, n]``.
+    ``dot``: ``"bf16"``, the pairs' products by ``vdpbf16ps`` (bfloat16 activations); ``"fma"``, each
+    pair of bf16 weights widened to two fp32 vectors (a shift, an AND) and two fp32 multiply-adds
+    with the activations in fp32 (float16 or bfloat16 activations; AVX-512 without BF16)."""
     from tvm.script.ir_builder import IRBuilder
     from tvm.script.ir_builder import tirx as T
 
+    if dot not in DOTS or (dot == "bf16" and a_dtype != "bfloat16"):
+        raise ValueError(f"cpu_dot: no {dot!r} dot products for {a_dtype} activations (dots: {DOTS})")
     with IRBuilder() as ib:
         with T.prim_func():
-            _Kernel(T, fmt, n, k, bias, hints).emit()
+            _Kernel(T, fmt, n, k, bias, hints, a_dtype, dot).emit()
     return ib.get()
 
 
@@ -124,8 +140,9 @@ def fits(h: Hints, n: int, k: int) -> bool:
 
 
 class _Kernel:
-    def __init__(self, T, fmt, n, k, bias, h):  # noqa: N803
+    def __init__(self, T, fmt, n, k, bias, h, a_dtype, dot):  # noqa: N803, PLR0913
         self.T, self.fmt, self.n, self.k, self.bias, self.h = T, fmt, n, k, bias, h
+        self.a_dtype, self.dot = a_dtype, dot
         self.c = pair_bytes(fmt.bits)
         if not fits(h, n, k):
             raise ValueError(f"cpu_dot hints {h} do not tile [{n}, {k}]")
@@ -138,11 +155,11 @@ class _Kernel:
         a_h, c_h, s_h = T.arg("A", T.handle()), T.arg("C", T.handle()), T.arg("S", T.handle())
         bias_h = T.arg("Bias", T.handle()) if self.bias else None
         y_h = T.arg("Y", T.handle())
-        A = T.match_buffer(a_h, (m, k), "bfloat16")
+        self.A = A = T.match_buffer(a_h, (m, k), "float32" if self.dot == "fma" else self.a_dtype)
         self.C = T.match_buffer(c_h, (n // PAIR, k // (2 * PAIR_VECTORS[c]), 2 * PAIR), "uint8")
         S = T.match_buffer(s_h, (n // PAIR, k // BLOCK, PAIR), "uint8")
-        Bias = T.match_buffer(bias_h, (n,), "bfloat16") if self.bias else None
-        Y = T.match_buffer(y_h, (m, n), "bfloat16")
+        self.Bias = Bias = T.match_buffer(bias_h, (n,), self.a_dtype) if self.bias else None
+        self.Y = Y = T.match_buffer(y_h, (m, n), self.a_dtype)
         a32 = T.decl_buffer((m * (k // 2),), "uint32", data=A.data)
         self.y16 = T.decl_buffer((m * n,), "uint16", data=Y.data)
         self.b16 = T.decl_buffer((n,), "uint16", data=Bias.data) if self.bias else None
@@ -193,10 +210,16 @@ class _Kernel:
         for r in range(h.nr):
             col = (task * h.nr + r) * PAIR
             val = accm[tirx.Ramp((i * h.nr + r) * PAIR, 1, PAIR)]
-            if self.bias:
+            bf16 = self.a_dtype == "bfloat16"
+            if self.bias and bf16:
                 bb = tirx.Cast("uint32x16", self.b16[tirx.Ramp(col, 1, PAIR)])
                 val = val + tirx.reinterpret("float32x16", bb << tirx.const(16, "uint32"))
-            self.T.buffer_store(self.y16, _to_bf16(val), [tirx.Ramp(row * n + col, 1, PAIR)])
+            elif self.bias:
+                val = val + tirx.Cast("float32x16", self.Bias[tirx.Ramp(col, 1, PAIR)])
+            if bf16:
+                self.T.buffer_store(self.y16, _to_bf16(val), [tirx.Ramp(row * n + col, 1, PAIR)])
+            else:
+                self.T.buffer_store(self.Y, tirx.Cast("float16x16", val), [row, tirx.Ramp(col, 1, PAIR)])
 
     def decode(self, idx, lut):
         """uint16x32 codes (4-bit codes: in the low nibble, bit 4 ignored) → their 32 bf16 weights.
@@ -248,11 +271,21 @@ class _Kernel:
             for p in range(BLOCK // 2):
                 pp = blk * (BLOCK // 2) + p
                 w = [buf[tirx.Ramp((pp * h.nr + r) * PAIR, 1, PAIR)] for r in range(h.nr)]
+                if self.dot == "fma":  # the even and the odd K of each lane's pair, as fp32
+                    hi = tirx.const(0xFFFF0000, "uint32")
+                    w = [(_f32(v << tirx.const(16, "uint32")), _f32(v & hi)) for v in w]
                 for i in range(mr):
                     row = m0 + i0 + i
-                    a = tirx.Broadcast(a32[row * (k // 2) + kc * (h.kc // 2) + pp], PAIR)
+                    kk = kc * (h.kc // 2) + pp
+                    if self.dot == "bf16":
+                        a = tirx.Broadcast(a32[row * (k // 2) + kk], PAIR)
+                    else:
+                        a = [tirx.Broadcast(self.A[row, 2 * kk + e], PAIR) for e in (0, 1)]
                     for r in range(h.nr):
-                        dot = T.call_extern(f32, "mxgemm_dpbf16", part[at(i, r)], a, w[r])
+                        if self.dot == "bf16":
+                            dot = T.call_extern(f32, "mxgemm_dpbf16", part[at(i, r)], a, w[r])
+                        else:
+                            dot = _fma(a[1], w[r][1], _fma(a[0], w[r][0], part[at(i, r)]))
                         T.buffer_store(part, dot, [at(i, r)])
             for r in range(h.nr):
                 codes = S[task * h.nr + r, kc * (h.kc // BLOCK) + blk, tirx.Ramp(0, 1, PAIR)]
@@ -261,6 +294,16 @@ class _Kernel:
                     T.buffer_store(acc, acc[at(i, r)] + part[at(i, r)] * sc, [at(i, r)])
         for i, r in tiles:
             T.buffer_store(accm, acc[at(i, r)], [slot(i, r)])
+
+
+def _f32(bits):
+    """uint32x16 bit patterns as float32x16."""
+    return tirx.reinterpret("float32x16", bits)
+
+
+def _fma(a, b, c):
+    """float32x16 ``a · b + c``, one rounding (``vfmadd``)."""
+    return tirx.call_llvm_pure_intrin("float32x16", "llvm.fma.v16f32", a, b, c)
 
 
 def _scale(code):

@@ -26,12 +26,32 @@ def sm_version(arch: str) -> int:
     return int(m.group(1))
 
 
+# LLVM CPU features the kernels use -> the flag /proc/cpuinfo reports for each
+HOST_FLAGS = {
+    "avx512bf16": "avx512_bf16",
+    "avx512bw": "avx512bw",
+    "avx512f": "avx512f",
+    "avx2": "avx2",
+    "fma": "fma",
+    "f16c": "f16c",
+}
+
+
 @functools.cache
 def cpu() -> dict[str, Any]:
-    """LLVM target for this machine's CPU."""
+    """LLVM target for this machine's CPU: its model (``mcpu``), less the features of
+    :data:`HOST_FLAGS` that the model has but the running CPU does not report (``mattr``, where
+    ``/proc/cpuinfo`` can be read): a VM may hide some, and LLVM names the CPU by its model. Those
+    features are then neither emitted nor assumed by a rule, and the kernel cache keys differ."""
     from tvm.target import codegen
 
-    return {"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()}
+    from mxgemm import system
+
+    target = {"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()}
+    flags = system.cpu_flags()
+    feats = _features(target)
+    hidden = sorted(f for f, flag in HOST_FLAGS.items() if flags and f in feats and flag not in flags)
+    return {**target, "mattr": [f"-{f}" for f in hidden]} if hidden else target
 
 
 def cuda(arch: str) -> dict[str, Any]:
@@ -143,13 +163,12 @@ def cpu_converts_f16(target: dict[str, Any]) -> bool:
 
 def cpu_bf16_dots(target: dict[str, Any]) -> bool:
     """Whether an LLVM target has the x86 bf16 dot product (AVX512-BF16 ``vdpbf16ps``) and the 16-bit
-    register table lookups (AVX512-BW ``vpermw``/``vpermi2w``) that the ``cpu_dot`` kernel is made of.
-    For this machine's target, the running CPU must report both too (:func:`mxgemm.system.cpu_flags`
-    where it can be read): LLVM names the CPU by its model, and a VM may hide some of its features."""
-    from mxgemm import system
+    register table lookups (AVX512-BW ``vpermw``/``vpermi2w``) that the ``cpu_dot`` kernel is made of
+    (this machine's: what its CPU reports, :func:`cpu`)."""
+    return {"avx512bf16", "avx512bw"} <= _features(target)
 
-    feats = _features(target)
-    if not ("avx512bf16" in feats and "avx512bw" in feats):
-        return False
-    flags = system.cpu_flags() if target == cpu() else frozenset()
-    return not flags or {"avx512_bf16", "avx512bw"} <= flags
+
+def cpu_word_lookups(target: dict[str, Any]) -> bool:
+    """Whether an LLVM target has AVX512-BW's 16-bit register table lookups (``vpermw``/``vpermi2w``)
+    and AVX-512 fp32 vectors: the ``cpu_dot`` kernel with fp32 multiply-adds."""
+    return {"avx512f", "avx512bw"} <= _features(target)
