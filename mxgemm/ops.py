@@ -200,13 +200,6 @@ def _pair_tiles(
 _kernels: dict[tuple, builder.Kernel] = {}
 
 
-def _fma_dots(kernel: builder.Kernel) -> bool:
-    """Whether a ``cpu_dot`` kernel multiplies in fp32 (its activations go to it as float32)."""
-    from mxgemm import rules
-
-    return rules.get("cpu_dot").dot(kernel.spec) == "fma"
-
-
 def _kernel(
     device: torch.device,
     fmt: str,
@@ -279,7 +272,6 @@ def _forward(
         tail = [out] if bias is None else [bias.contiguous(), out]
         if layout.kernel_layout(kernel) == "tiles":
             *planes, scales = _pair_tiles(planes, scales, fmt, block_size)
-            x2 = x2.float() if _fma_dots(kernel) else x2
         elif layout.reads_cpu_layout(kernel):
             planes = _cpu_planes(planes, fmt)
         _run(kernel, [x2, *planes, scales, *tail])

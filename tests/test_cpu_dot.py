@@ -159,3 +159,20 @@ def test_a_cpu_that_hides_its_bf16_dots_gets_no_bf16_dot_kernels(monkeypatch):
         assert targets.cpu_bf16_dots(model)
     finally:
         targets.cpu.cache_clear()
+
+
+def test_tune_on_this_cpu_tunes_the_one_dynamic_m_kernel(tmp_path, capsys):
+    """`mxgemm tune --arch llvm` where `cpu_dot` serves every M: one task a shape and format, its rule's
+    hints, the table saying "any M"; the log's record then steers the kernel `mxgemm.linear` runs."""
+    from mxgemm import cli, tunelog
+
+    if not targets.cpu_word_lookups(targets.cpu()):
+        pytest.skip("this CPU has no AVX-512 BW: cpu_dot does not run here")
+    log = tmp_path / "log.json"
+    args = ["tune", "--shapes", "64,256", "--format", "mxfp4", "--m", "1,16,300", "--arch", "llvm"]
+    assert cli.main([*args, "--a-dtype", "bfloat16", "--budget", "3", "--log", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert "1 task(s) to tune" in out and "any M (one dynamic-M kernel)" in out
+    (rec,) = tunelog.read(log)
+    assert rec.rule == "cpu_dot" and rec.m_bucket is None and set(rec.config) == {"mr", "nr", "kc"}
+    assert rec.us > 0

@@ -13,12 +13,25 @@ from mxgemm.codegen import build as builder
 from mxgemm.codegen import target as targets
 from mxgemm.rules import gemv, mma, tensorcore
 
+AVX2 = {"kind": "llvm", "mcpu": "znver3"}
+
+
+@pytest.fixture(autouse=True)
+def avx2_host(monkeypatch):
+    """This machine's CPU target, for these tests, is an AVX2 one (any x86-64 box of ours runs its
+    kernels): the CPU routes they check are the GEMV's and decode + torch's GEMM; `cpu_dot` (AVX-512)
+    is tuned in test_cpu_dot.py."""
+    from mxgemm import ops
+
+    monkeypatch.setattr(targets, "cpu", lambda: AVX2)
+    ops.clear_kernels()
+    yield
+    ops.clear_kernels()
+
 
 @pytest.fixture(scope="module")
 def cpu_arch():
-    return builder.arch_name(
-        targets.cpu()
-    )  # needs TVM's LLVM support: not at import (GPU boxes run tests too)
+    return builder.arch_name(AVX2)  # needs TVM's LLVM support: not at import (GPU boxes run tests too)
 
 
 LLAMA3_8B = {

@@ -116,8 +116,7 @@ def kernel(  # noqa: PLR0913
     a_dtype: str = "bfloat16",
     dot: str = "bf16",
 ) -> tirx.PrimFunc:
-    """The kernel as a PrimFunc: A ``a_dtype [m, k]`` (``m`` dynamic; ``float32`` for ``dot="fma"``: the
-    caller converts it, once, so each of its loads is one broadcast), C ``uint8 [n/16, k/2, 32]``
+    """The kernel as a PrimFunc: A ``a_dtype [m, k]`` (``m`` dynamic), C ``uint8 [n/16, k/2, 32]``
     (4-bit codes ``[n/16, k/4, 32]``: :func:`mxgemm.layout.pair_tiles`), S ``uint8 [n/16, k/32, 16]``
     (:func:`mxgemm.layout.scale_tiles`), Bias ``a_dtype [n]`` (if ``bias``), Y ``a_dtype [m, n]``.
     ``dot``: ``"bf16"``, the pairs' products by ``vdpbf16ps`` (bfloat16 activations); ``"fma"``, each
@@ -155,7 +154,7 @@ class _Kernel:
         a_h, c_h, s_h = T.arg("A", T.handle()), T.arg("C", T.handle()), T.arg("S", T.handle())
         bias_h = T.arg("Bias", T.handle()) if self.bias else None
         y_h = T.arg("Y", T.handle())
-        self.A = A = T.match_buffer(a_h, (m, k), "float32" if self.dot == "fma" else self.a_dtype)
+        self.A = A = T.match_buffer(a_h, (m, k), self.a_dtype)
         self.C = T.match_buffer(c_h, (n // PAIR, k // (2 * PAIR_VECTORS[c]), 2 * PAIR), "uint8")
         S = T.match_buffer(s_h, (n // PAIR, k // BLOCK, PAIR), "uint8")
         self.Bias = Bias = T.match_buffer(bias_h, (n,), self.a_dtype) if self.bias else None
@@ -171,12 +170,17 @@ class _Kernel:
                     T.buffer_store(lut, tirx.const(v & 0xFFFF, "uint16"), [i])
                 buf = T.alloc_buffer((h.kc // 2 * h.nr * PAIR,), "uint32", scope="local")
                 accm = T.alloc_buffer((MS * h.nr * PAIR,), "float32", scope="local")
+                # fma: the group's activations of a K chunk in fp32, so that each is one broadcast
+                fma = self.dot == "fma"
+                self.xf = T.alloc_buffer((MS * h.kc,), "float32", scope="local") if fma else None
                 ms_rows = MS // h.mr * h.mr  # rows per group, a multiple of the tile's
                 with T.serial(0, (m + ms_rows - 1) // ms_rows) as ms:
                     m0 = ms * ms_rows
                     rows = tirx.Min(m - m0, tirx.const(ms_rows, "int64"))
                     with T.serial(0, k // h.kc) as kc:
                         self.decode_chunk(task, kc, buf, lut)
+                        if self.xf is not None:
+                            self.widen_chunk(m0, rows, kc)
                         with T.serial(0, rows // h.mr) as mb:
                             self.tile(a32, S, buf, accm, task, kc, m0, mb * h.mr, h.mr)
                         if h.mr > 1:  # the last rows, one at a time
@@ -203,6 +207,15 @@ class _Kernel:
                     idx = wide >> tirx.const(4, "uint16") if sv else wide
                     at = ((q * v + sv) * h.nr + r) * 2 * PAIR
                     T.buffer_store(buf16, self.decode(idx, lut), [tirx.Ramp(at, 1, 2 * PAIR)])
+
+    def widen_chunk(self, m0, rows, kc) -> None:
+        """The activations of rows ``m0 ..`` (``rows`` of them), K chunk ``kc``, into :attr:`xf` as fp32
+        (row ``i`` at ``i · kc``), 16 at a time."""
+        T, kcw = self.T, self.h.kc
+        with T.serial(0, rows) as i:
+            for c in range(kcw // PAIR):
+                vals = tirx.Cast("float32x16", self.A[m0 + i, tirx.Ramp(kc * kcw + c * PAIR, 1, PAIR)])
+                T.buffer_store(self.xf, vals, [tirx.Ramp(i * kcw + c * PAIR, 1, PAIR)])
 
     def epilogue(self, task, accm, row, i) -> None:
         """Row ``row`` of Y (row ``i`` of the group in ``accm``): plus the bias, rounded to bf16."""
@@ -280,7 +293,8 @@ class _Kernel:
                     if self.dot == "bf16":
                         a = tirx.Broadcast(a32[row * (k // 2) + kk], PAIR)
                     else:
-                        a = [tirx.Broadcast(self.A[row, 2 * kk + e], PAIR) for e in (0, 1)]
+                        at_x = (i0 + i) * h.kc + 2 * (blk * (BLOCK // 2) + p)
+                        a = [tirx.Broadcast(self.xf[at_x + e], PAIR) for e in (0, 1)]
                     for r in range(h.nr):
                         if self.dot == "bf16":
                             dot = T.call_extern(f32, "mxgemm_dpbf16", part[at(i, r)], a, w[r])
