@@ -9,7 +9,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -242,8 +242,13 @@ def test_quantize_dequantize_is_idempotent(fmt, scale_mode, rounding, block_size
     3.1 → 3.0 with scale 2**0; 3.0 then takes 2**-1), so only values are compared, and scales never grow.
     Inputs of the modes other than floor are kept within ±2**127: above, the nearest MX value can
     exceed float32's range (see test_rceil_can_round_above_float32_max), dequantizes to inf and
-    re-quantizes to NaN.
+    re-quantizes to NaN. ``even`` with a rounding that is not to nearest is left out: ``even`` picks
+    the exponent from the block maximum rounded to nearest at the element's width, so a maximum that
+    the elements' rounding then takes down a binade gets a smaller scale on the next pass, which
+    saturates (mxfp8_e4m3, rounding ``zero``: 31 → 30 with scale 2**-3, then 30 → 28 with 2**-4; the
+    second step is torchao's EVEN for 30 as well).
     """
+    assume(scale_mode != "even" or rounding in ("even", "away"))
     x = data.draw(hnp.arrays(np.float32, (2, block_size * 2), elements=st.floats(width=32)))
     if scale_mode != "floor":  # rceil, even, ceil, mse: a scale above floor can round past float32
         x = np.where(np.isfinite(x), np.clip(x, -(2.0**127), 2.0**127), x).astype(np.float32)
