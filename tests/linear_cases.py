@@ -1,5 +1,7 @@
 """The numerics matrix of `mxgemm.linear`, shared by the CPU/GPU tests and the GPU prebuild script."""
 
+import torch
+
 import mxgemm
 
 FORMATS = mxgemm.formats.names()
@@ -81,3 +83,20 @@ PDL_FORMATS = ("mxfp4", "mxfp6_e2m3", "mxfp8_e4m3")
 def pdl_chain_kernel(fmt: str, m: int, arch: str) -> dict:
     """`mxgemm.build` arguments of the ``mma-pdl`` kernel of a ``[PDL_N, PDL_N]`` weight for ``m`` rows."""
     return {**rule_kernel("mma-pdl", fmt, "float16", False, m, arch), "n": PDL_N, "k": PDL_N}
+
+
+def every_code_weight(fmt: str, n: int, k: int, seed: int, max_scale: int = 254):
+    """An ``MxWeight [n, k]`` (blocks of 32) of random codes of every finite value of ``fmt`` (NaN/inf
+    element codes, which quantize never writes, replaced by 0) and random scale codes from 0 to
+    ``max_scale``, both ends in row 0."""
+    from mxgemm import packing
+    from mxgemm.weight import MxWeight
+
+    bits = mxgemm.formats.get(fmt).bits
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 2**bits, (n, k), generator=g, dtype=torch.uint8)
+    unit = torch.full((n, k // 32), 127, dtype=torch.uint8)
+    codes[~mxgemm.dequantize(MxWeight(packing.pack(codes, bits), unit, fmt, 32, (n, k))).isfinite()] = 0
+    scales = torch.randint(0, max_scale + 1, (n, k // 32), generator=g, dtype=torch.uint8)
+    scales[0, :2] = torch.tensor([0, max_scale], dtype=torch.uint8)
+    return MxWeight(packing.pack(codes, bits), scales, fmt, 32, (n, k))

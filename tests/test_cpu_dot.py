@@ -11,8 +11,7 @@ import mxgemm
 from mxgemm import formats, layout, ops, packing
 from mxgemm.codegen import cpu_dot
 from mxgemm.codegen import target as targets
-from mxgemm.weight import MxWeight
-from tests.linear_cases import FORMATS
+from tests.linear_cases import FORMATS, every_code_weight
 from tests.test_linear import _check, _weights
 
 ZEN5 = {"kind": "llvm", "mcpu": "znver5"}
@@ -101,15 +100,9 @@ def test_one_hot_rows_give_every_code_and_scale_bit_exactly(fmt, bias, mode):
     bias, added in fp32 before that rounding)."""
     f = formats.get(fmt)
     n, k = 64, 256
-    g = torch.Generator().manual_seed(5)
-    codes = torch.randint(0, 2**f.bits, (n, k), generator=g, dtype=torch.uint8)
-    unit = torch.full((n, k // 32), 127, dtype=torch.uint8)
-    codes[~mxgemm.dequantize(MxWeight(packing.pack(codes, f.bits), unit, fmt, 32, (n, k))).isfinite()] = 0
-    scales = torch.randint(0, 255, (n, k // 32), generator=g, dtype=torch.uint8)
-    scales[0, :2] = torch.tensor([0, 254], dtype=torch.uint8)
-    if mode is torch.float16:  # weights within fp16's range
-        scales = scales.clamp(max=127 + 15 - f.emax - 1)
-    q = MxWeight(packing.pack(codes, f.bits), scales, fmt, 32, (n, k))
+    fp16_max = 127 + 15 - f.emax - 1  # fp16 rows: weights within fp16's range
+    q = every_code_weight(fmt, n, k, 5, fp16_max if mode is torch.float16 else 254)
+    g = torch.Generator().manual_seed(6)
     assert ops.plan(7, "llvm", fmt, n, k, str(mode).split(".")[1]) == ("linear", None)
     cols = torch.tensor([0, 1, 31, 32, 100, 201, 255])
     x = torch.eye(k, dtype=mode)[cols]

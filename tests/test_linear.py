@@ -24,6 +24,7 @@ from tests.linear_cases import (
     TC_N,
     K,
     N,
+    every_code_weight,
     pdl_chain_kernel,
     rule_kernel,
     rule_shape,
@@ -126,20 +127,9 @@ def test_cpu_gemv_decodes_every_code_and_scale_bit_exactly(fmt, bucket):
     weight are NaN: 0 × inf). Random codes of every value and scale codes over the whole E8M0
     range, 0 (2**-127), 254 (2**127) and 255 (NaN) included. (NaN/inf element codes, which quantize
     never writes, decode to finite values in every kernel: replaced by 0.)"""
-    from mxgemm import packing
-    from mxgemm.weight import MxWeight
-
-    f = mxgemm.formats.get(fmt)
     n, k = 16, 256
-    g = torch.Generator().manual_seed(7)
-    codes = torch.randint(0, 2**f.bits, (n, k), generator=g, dtype=torch.uint8)
-    unit = torch.full((n, k // 32), 127, dtype=torch.uint8)
-    special = ~mxgemm.dequantize(MxWeight(packing.pack(codes, f.bits), unit, fmt, 32, (n, k))).isfinite()
-    codes[special] = 0
-    scales = torch.randint(0, 255, (n, k // 32), generator=g, dtype=torch.uint8)
-    scales[0, :2] = torch.tensor([0, 254], dtype=torch.uint8)
-    scales[1, 3] = 255
-    q = MxWeight(packing.pack(codes, f.bits), scales, fmt, 32, (n, k))
+    q = every_code_weight(fmt, n, k, 7)
+    q.scales[1, 3] = 255
     kernel = mxgemm.build(fmt, n=n, k=k, m_bucket=bucket, a_dtype="bfloat16", target="llvm")
     assert kernel.rule == "cpu_gemv"
     planes, w = mxgemm.layout.transform_weight(q, kernel), mxgemm.dequantize(q)
@@ -290,18 +280,11 @@ def test_cpu_decode_kernel_writes_every_code_and_scale_exactly(fmt, out):
     """The CPU decode kernel writes W in the permuted K order (`layout.k_permuted`) with every value
     the reference's, rounded once to ``out``: random codes of every value, scale codes 0 (2**-127)
     through 254 (NaN/inf element codes, never written by quantize, and scale 255 excluded)."""
-    from mxgemm import layout, packing
-    from mxgemm.weight import MxWeight
+    from mxgemm import layout
 
     f = mxgemm.formats.get(fmt)
     n, k = 16, 256
-    g = torch.Generator().manual_seed(3)
-    codes = torch.randint(0, 2**f.bits, (n, k), generator=g, dtype=torch.uint8)
-    unit = torch.full((n, k // 32), 127, dtype=torch.uint8)
-    codes[~mxgemm.dequantize(MxWeight(packing.pack(codes, f.bits), unit, fmt, 32, (n, k))).isfinite()] = 0
-    scales = torch.randint(0, 255, (n, k // 32), generator=g, dtype=torch.uint8)
-    scales[0, :2] = torch.tensor([0, 254], dtype=torch.uint8)
-    q = MxWeight(packing.pack(codes, f.bits), scales, fmt, 32, (n, k))
+    q = every_code_weight(fmt, n, k, 3)
     kernel = mxgemm.build(fmt, n=n, k=k, a_dtype="bfloat16", out_dtype=out, target="llvm", op="decode")
     assert kernel.rule == "cpu_dequant"
     _, per, lanes = layout.cpu_group(f.bits, 32)
