@@ -1,12 +1,15 @@
 """The kernel of the ``cpu_dot`` rule (:mod:`mxgemm.rules.cpu_dot` says when it applies): a
-decode-fused GEMM for many rows of bf16 activations on x86 CPUs with AVX-512 BF16 dot products
-(``vdpbf16ps``: 16 fp32 lanes, each adding two bf16 products).
+decode-fused GEMM for any number of rows on x86 CPUs with AVX-512: bf16 activations on AVX-512 BF16
+dot products (``vdpbf16ps``: 16 fp32 lanes, each adding two bf16 products), or fp16/bf16 ones on fp32
+multiply-adds (``dot="fma"``: CPUs without AVX512-BF16, and fp16 rows, which bf16 does not hold).
 
 Weights × activations as an outer product: lane ``l`` of a 16-lane accumulator is output column
 ``n0 + l``; one ``vdpbf16ps`` adds ``x[m, 2p] W[n, 2p] + x[m, 2p+1] W[n, 2p+1]`` to it, the
 activation pair broadcast to every lane (one 32-bit load), the weight pairs of 16 columns one
-vector. The codes come in that order (:func:`mxgemm.layout.pair_tiles`: 32 bytes a vector, or two
-vectors for 4-bit codes, low nibbles then high ones), so 32 of them zero-extended to 16 bits
+vector (``"fma"``: the pair widened to two fp32 vectors, two multiply-adds with the two activations,
+which are widened to fp32 once per K chunk). The codes come in that order
+(:func:`mxgemm.layout.pair_tiles`: 32 bytes a vector, or two vectors for 4-bit codes, low nibbles
+then high ones), so 32 of them zero-extended to 16 bits
 decode to 32 bf16 weights with no shuffle: each code is the index of a table lookup in a register
 (``vpermw``, 32 entries, or ``vpermi2w``, 64; 8-bit floats take two of those on their 7 magnitude
 bits, 7/8-bit ints two or four, and selects), whose table holds the element values (every element
