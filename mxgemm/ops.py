@@ -57,8 +57,9 @@ def plan(
     """How ``m`` rows of an ``[n, k]`` ``fmt`` weight run on ``arch`` (``"llvm"``, or a CUDA arch such
     as ``"sm_90"``): ``("linear", bucket)``, the decode-fused kernel of that M bucket, or
     ``("decode", None)``: W decoded by a generated kernel, then cuBLAS (CUDA, 16 bits) or torch's GEMM
-    (CPU, in row chunks; :func:`_decode_then_gemm_cpu`). CPU: bf16 rows on CPUs with AVX512-BF16 run
-    the decode-fused ``cpu_dot`` GEMM at every M where it applies (2-core Zen 5, weights from DRAM,
+    (CPU, in row chunks; :func:`_decode_then_gemm_cpu`). CPU: on x86 CPUs with AVX-512 (bf16 dot
+    products for bf16 rows where the CPU has AVX512-BF16, else fp32 multiply-adds) the decode-fused
+    ``cpu_dot`` GEMM runs at every M where it applies (2-core Zen 5, bf16, weights from DRAM,
     4096² mxfp4, µs: 1 row 213 against the GEMV's 534, 4 rows 342 against 738, 16 rows 800 against
     4600 decoded, 64 rows 2650 against 5800; on 576×576 17 against 16 at 1 row, 23 against 31 at 4);
     else the few-row GEMV (``cpu_gemv``, buckets 1 and 4, rows padded up to the bucket) up to
@@ -185,13 +186,14 @@ def _pair_tiles(
     planes: list[torch.Tensor], scales: torch.Tensor, fmt: str, block_size: int
 ) -> list[torch.Tensor]:
     """The ``cpu_dot`` kernel's codes and scales (:func:`mxgemm.layout.pair_tiles`,
-    :func:`mxgemm.layout.scale_tiles`) of ``planes`` and ``scales``, derived once per weight version (a
-    second copy of the codes beside those of the few-row GEMV)."""
+    :func:`mxgemm.layout.scale_tiles`) of ``planes`` and ``scales``, derived once per weight version: a
+    second copy of the codes beside the held planes (the one-byte-a-code codes it is made from are
+    not kept: they would be a third)."""
     bits = formats.get(fmt).bits
     key = tuple((id(t), t.data_ptr(), t._version) for t in (*planes, scales))
 
     def tiles() -> list[torch.Tensor]:
-        codes = _cpu_planes(planes, fmt)[0]
+        codes = layout.cpu_planes(layout.from_planes(planes, bits), bits)[0]
         return [layout.pair_tiles(codes, bits), layout.scale_tiles(scales, block_size)]
 
     return _memo(planes[0], "_mxgemm_pair_tiles", key, tiles)

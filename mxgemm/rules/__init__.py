@@ -46,8 +46,8 @@ def route(spec: Any) -> list[Rule]:
     """The rules that make ``spec``'s kernel with their defaults, in the order they are tried: on CUDA
     ``mma`` (except for 8-bit codes at M=1, which ``gemv`` streams faster), ``tensorcore``, ``gemv``,
     then dlight; ``dequant`` then dlight for the standalone decode; ``cpu_gemv`` (buckets 1 and 4),
-    ``cpu_dot`` (many bf16 rows, AVX512-BF16), then ``cpu`` on an LLVM target, ``cpu_dequant`` for its
-    standalone decode."""
+    ``cpu_dot`` (every M, one dynamic-M kernel; AVX-512), then ``cpu`` on an LLVM target,
+    ``cpu_dequant`` for its standalone decode."""
     from mxgemm import formats
     from mxgemm.layout import plane_widths
 
