@@ -33,7 +33,8 @@ def _tir(rec: dict) -> tuple[str, str]:
     dt = r.a_dtype
     spec = KernelSpec(r.fmt, r.n, r.k, r.m_bucket, dt, dt, False, r.block_size, tgt, r.rule, r.config)
     rule, mod, hints = schedule(spec)
-    used = hints.to_dict() if hints is not None else {}
+    # the record's hints as the rule typed them (a field the record lacks: a later option, left out)
+    used = {f: v for f, v in hints.to_dict().items() if f in r.config} if hints is not None else {}
     return _name(rec), f"# rule {rule} hints {json.dumps(used, sort_keys=True)}\n{mod.script()}"
 
 

@@ -104,7 +104,8 @@ def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[s
 
 def candidates(task: Task, budget: int) -> list[dict[str, Any]]:
     """The routed rule's defaults first, the hints of the logs' record for the task (a re-tune is
-    measured against what it would replace, in the same run) and, for bf16, of the fp16 record, then
+    measured against what it would replace, in the same run) and, for bf16, of the fp16 record, their
+    twins (:meth:`~mxgemm.rules.base.Rule.twins`: the same kernels with a new option on), then
     up to ``budget`` in all with other hints that fit the shape, cheapest first by its cost model
     (deterministic)."""
     from mxgemm import rules
@@ -115,6 +116,7 @@ def candidates(task: Task, budget: int) -> list[dict[str, Any]]:
         return []
     seeds = (rule.default_hints(spec), _recorded(task, rule), _fp16_twin(task, rule))
     seeds = list(dict.fromkeys(h for h in seeds if h is not None))
+    seeds = list(dict.fromkeys(seeds + [t for h in seeds for t in rule.twins(spec, h)]))
     rest = sorted((h for h in rule.candidates(spec) if h not in seeds), key=lambda h: rule.cost(spec, h))
     return [h.to_dict() for h in _diverse(seeds, rest, max(1, budget))]
 

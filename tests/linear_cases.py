@@ -1,5 +1,7 @@
 """The numerics matrix of `mxgemm.linear`, shared by the CPU/GPU tests and the GPU prebuild script."""
 
+import dataclasses
+
 import torch
 
 import mxgemm
@@ -15,7 +17,8 @@ TC_N, TC_K = 256, 2048  # a shape the tensor-core rule tiles for every format (N
 # (rule, activation dtype); "mma-regs": the mma rule's register pipeline (its defaults take the ring up
 # to 16 rows); "mma-shared": its ring with 4 warps sharing one copy of the activations; "mma-pdl": its
 # ring launched with programmatic dependent launch, decoding by left shifts; "mma-xs": its ring past 16
-# rows with the activations in it too (buckets 64 and 128)
+# rows with the activations in it too (buckets 64 and 128); "mma-fold": its ring with the block scales
+# folded into the decoded pairs (buckets 16, 64 and 128)
 RULE_CASES = (
     ("mma", "float16"),
     ("mma-regs", "float16"),
@@ -26,6 +29,8 @@ RULE_CASES = (
     ("mma-pdl", "bfloat16"),
     ("mma-xs", "float16"),
     ("mma-xs", "bfloat16"),
+    ("mma-fold", "float16"),
+    ("mma-fold", "bfloat16"),
     ("tensorcore", "float16"),
     ("gemv", "float16"),
     ("gemv", "bfloat16"),
@@ -38,6 +43,7 @@ def rule_shape(rule: str) -> tuple[int, int, tuple[int, ...]]:
         return GEMV_N, GEMV_K, (1, 3, 16)
     ms = {"mma": (1, 3, 5, 16, 17, 64), **dict.fromkeys(("mma-regs", "mma-shared", "mma-pdl"), (1, 3, 5, 16))}
     ms["mma-xs"] = (17, 64, 100, 128)
+    ms["mma-fold"] = (5, 16, 17, 64, 100, 128)
     return TC_N, TC_K, ms.get(rule, (5, 16, 17, 64))
 
 
@@ -47,7 +53,8 @@ def rule_kernel(rule: str, fmt: str, dtype: str, bias: bool, m: int, arch: str) 
     2 × 4 warps, 8 steps, a two-stage ring, activations shared by 4 warps; ``mma-pdl``: one tile, 4
     warps, 8 steps, a two-stage ring, programmatic dependent launch, the left-shift pair decode;
     ``mma-xs``: its ring holding the activations too, at 64 rows 2 tiles, 2 × 4 warps, 4 steps, two
-    stages; at 128 one tile, 8 warps, 4 steps, three stages)."""
+    stages; at 128 one tile, 8 warps, 4 steps, three stages; ``mma-fold``: the folded block scales, up
+    to 16 rows with ``mma-shared``'s hints but 2 warps splitting K, else with ``mma-xs``'s)."""
     from mxgemm import rules
     from mxgemm.codegen import target as targets
     from mxgemm.codegen.build import KernelSpec
@@ -64,6 +71,9 @@ def rule_kernel(rule: str, fmt: str, dtype: str, bias: bool, m: int, arch: str) 
         "mma-pdl": mma.Hints(**PDL_HINTS),
         "mma-xs": mma.Hints(2, 2, 4, 2, kn=4, xs=1) if bucket == 64 else mma.Hints(1, 1, 4, 3, kn=8, xs=1),
     }
+    if rule == "mma-fold":
+        xs = pinned["mma-xs"] if bucket > 16 else mma.Hints(1, 2, 8, 2, kn=4)
+        pinned[rule] = dataclasses.replace(xs, fold=1)
     if rule in pinned:
         hints = pinned[rule]
     else:

@@ -322,9 +322,9 @@ def test_tune_log_decides_fused_or_decode(monkeypatch, tmp_path):
         ops.plan.cache_clear()
 
 
-RING_HINTS = {"nt": 2, "kw": 4, "unroll": 8, "stages": 2, "kn": 1, "pdl": 0, "shl": 0, "xs": 0}
+RING_HINTS = {"nt": 2, "kw": 4, "unroll": 8, "stages": 2, "kn": 1, "pdl": 0, "shl": 0, "xs": 0, "fold": 0}
 # 4 warps share activations
-SHARED_HINTS = {"nt": 1, "kw": 2, "unroll": 8, "stages": 2, "kn": 4, "pdl": 0, "shl": 0, "xs": 0}
+SHARED_HINTS = {"nt": 1, "kw": 2, "unroll": 8, "stages": 2, "kn": 4, "pdl": 0, "shl": 0, "xs": 0, "fold": 0}
 
 
 def test_mma_ring_needs_block_32_scales():
@@ -361,7 +361,7 @@ def test_mma_ring_needs_block_32_scales():
         )  # fmt: skip
 
 
-XS_HINTS = {"nt": 2, "kw": 2, "unroll": 4, "stages": 3, "kn": 4, "pdl": 0, "shl": 0, "xs": 1}
+XS_HINTS = {"nt": 2, "kw": 2, "unroll": 4, "stages": 3, "kn": 4, "pdl": 0, "shl": 0, "xs": 1, "fold": 0}
 
 
 def test_mma_xs_hints_are_checked():
@@ -408,6 +408,33 @@ def test_mma_xs_kernel_reads_activations_from_the_ring():
 
 
 @pytest.mark.nvcc
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_mma_fold_kernel_folds_scales_where_the_warp_allows(dtype):
+    """With ``fold`` the kernel scans each warp's scale codes first (byte-wise max and min, the quad's
+    lanes combined, one warp vote), then runs one of two loops: the folded one (each pair times its
+    row's multiplier by one exact ``fma``, the mmas straight into the accumulator, no per-step scale
+    FMAs) or the plain one; each warp's sums go to true scale by one ``ldexpf`` per output."""
+    hints = {**XS_HINTS, "fold": 1}
+    k = mxgemm.build(
+        "mxfp4", n=512, k=1024, m_bucket=64, target="sm_90", a_dtype=dtype, hints=hints, rule="mma"
+    )
+    assert k.rule == "mma" and k.info["hints"] == hints
+    src = k.source[k.source.index("__global__") :]
+    plain = mxgemm.build(
+        "mxfp4", n=512, k=1024, m_bucket=64, target="sm_90", a_dtype=dtype, hints=XS_HINTS, rule="mma"
+    )
+    # both loops' mmas: 4 steps × 2 tiles × 8 n8 tiles × 2 mmas each
+    assert src.count("mma.sync") == 2 * plain.source.count("mma.sync") == 2 * 4 * 2 * 8 * 2
+    assert src.count("__all_sync(") == 1 and "__vmaxu4(" in src and "__vminu4(" in src
+    assert src.count("ldexpf(") == 2 * 8 * 4  # tiles × n8 tiles × fragment, once
+    fma = f"tvm_builtin_ptx_fma_half_rn_{'f16x2' if dtype == 'float16' else 'bf16x2'}("
+    # one fma per pair in the folded loop (4 steps × 2 tiles × 8 pairs); the plain bf16 loop has its own
+    assert src.count(fma) - plain.source[plain.source.index("__global__") :].count(fma) == 4 * 2 * 8
+    # the plain loop scales each step's fragments into the accumulator; the folded one does not
+    assert src.count(" * ") > plain.source.count(" * ")
+
+
+@pytest.mark.nvcc
 def test_mma_hints_shape_the_kernel():
     """The mma rule's hints land in the kernel: block size (kw warps), and a tuned record that does
     not fit the shape falls back to the defaults."""
@@ -420,7 +447,7 @@ def test_mma_hints_shape_the_kernel():
         hints={"nt": 2, "kw": 4, "unroll": 2},
         rule="mma",
     )
-    regs = {"nt": 2, "kw": 4, "unroll": 2, "stages": 0, "kn": 1, "pdl": 0, "shl": 0, "xs": 0}
+    regs = {"nt": 2, "kw": 4, "unroll": 2, "stages": 0, "kn": 1, "pdl": 0, "shl": 0, "xs": 0, "fold": 0}
     assert k.rule == "mma" and k.info["hints"] == regs
     # unroll × nt × (16 rows: 2 n8 tiles of activations) × 2 mmas, in the pipelined loop and after it
     assert "__launch_bounds__(128)" in k.source and k.source.count("mma.sync") == 2 * (2 * 2 * 2 * 2)
@@ -493,7 +520,7 @@ def test_mma_pdl_waits_before_it_reads():
 
     hints = {**RING_HINTS, "pdl": 1}
     k = mxgemm.build("mxfp4", n=512, k=1024, m_bucket=1, target="sm_90", hints=hints, rule="mma")
-    assert k.info["hints"] == hints and nvcc.PDL.encode() in k.path.read_bytes()
+    assert k.info["hints"] == mma.Hints(**hints).to_dict() and nvcc.PDL.encode() in k.path.read_bytes()
     body = k.source[k.source.index("__global__") :]
     calls = [
         "griddepcontrol_launch_dependents()",

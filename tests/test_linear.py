@@ -181,6 +181,7 @@ def test_gpu_small_m_rules(fmt, rule, dtype, bias):
         assert rule != "mma-shared" or kernel.info["hints"]["kn"] == 4
         assert rule != "mma-pdl" or kernel.info["hints"]["pdl"] == kernel.info["hints"]["shl"] == 1
         assert rule != "mma-xs" or kernel.info["hints"]["xs"] == 1
+        assert rule != "mma-fold" or kernel.info["hints"]["fold"] == 1
         x = torch.randn(m, k, generator=g).to(dt).to("cuda")
         y = torch.full((m, n), float("nan"), dtype=dt, device="cuda")
         kernel(x, *planes, q.scales, *([b] if bias else []), y)
@@ -208,6 +209,53 @@ def _special_scales(kernel, x, q, planes, bias, y):
     keep = [c for c in range(y.shape[1]) if c not in (0, 5)]
     _check(x, dataclasses.replace(q, blocks=q.blocks[keep], scales=s[keep], shape=(len(keep), q.shape[1])),
            bias[keep] if bias is not None else None, y[:, keep])  # fmt: skip
+
+
+def fold_scales(fmt: str, dtype: str, n: int, k: int, seed: int) -> torch.Tensor:
+    """uint8 E8M0 codes ``[n, k/32]`` for the folded-scale kernels: each row's codes within the fold's
+    spread of the row's largest (row 0 from code 0, row 1 up to 254, the others anywhere), except rows
+    16..23, whose spread is one binade more (their warps take the unfolded loop)."""
+    from mxgemm.codegen import pairs
+
+    spread = pairs.fold(mxgemm.formats.get(fmt), dtype).spread
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randint(0, 255 - spread, (n, 1), generator=g)
+    base[0], base[1] = 0, 254 - spread
+    wide = torch.zeros(n, 1, dtype=torch.long)
+    wide[16:24] = 1
+    base = torch.minimum(base, 254 - spread - wide)
+    codes = (
+        base
+        + torch.randint(0, spread + 1, (n, k // 32), generator=g)
+        + wide * torch.randint(0, 2, (n, k // 32), generator=g)
+    )
+    codes[:, 0], codes[:, 1] = base[:, 0], (base + spread + wide)[:, 0]  # both ends in every row
+    return codes.to(torch.uint8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if mxgemm.formats.get(f).block_size == 32])
+def test_gpu_folded_scales_bit_exact(fmt, dtype):
+    """The folded block scales (``mma`` hints ``fold``) with every code and scale codes that span the
+    fold's whole range in every row (from code 0 up to 254), and rows one binade wider (their warps
+    fall back): one-hot rows give W's columns bit for bit, at 16, 64 and 128 rows."""
+    n, k = TC_N, TC_K
+    q = every_code_weight(fmt, n, k, 5)
+    q = dataclasses.replace(q, scales=fold_scales(fmt, dtype, n, k, 5)).to("cuda")
+    dt = getattr(torch, dtype)
+    w = mxgemm.dequantize(q)
+    planes = ops._planes(q.blocks, mxgemm.formats.get(fmt).bits)
+    for m in (16, 64, 128):
+        kernel = mxgemm.build(**rule_kernel("mma-fold", fmt, dtype, False, m, "cuda"))
+        for start in (0, 7):
+            cols = (torch.arange(m) * 97 + start * 31) % k
+            x = torch.zeros(m, k, dtype=dt, device="cuda")
+            x[torch.arange(m), cols] = 1
+            y = torch.full((m, n), float("nan"), dtype=dt, device="cuda")
+            kernel(x, *planes, q.scales, y)
+            want = w[:, cols].T.to(dt)
+            assert torch.equal(y, want), (fmt, dtype, m, (y != want).nonzero()[:4].tolist())
 
 
 @pytest.mark.gpu

@@ -95,6 +95,52 @@ def test_every_code_pair_bit_exact(name, dtype, left):
     assert mxgemm.formats.get(name).bits == spec.bits
 
 
+@pytest.mark.parametrize(("name", "dtype"), CASES)
+def test_folded_scale_keeps_every_pair_exact(name, dtype):
+    """The block scale folded into the pairs (:func:`pairs.fold`): for every exponent of the fold's
+    range, every code's pair times its multiplier (the kernel's one fma, emulated with one rounding)
+    is exact (its value times the power of two, the format's values over the oracle), and the
+    multiplier a normal number; one binade below the range, some code or the multiplier is not."""
+    import tvm
+
+    fmt, spec = formats.get(name), oracle.SPECS[name]
+    fold = pairs.fold(fmt, dtype)
+    codes = np.resize(np.arange(2**fmt.bits, dtype=np.uint8), max(8, 2**fmt.bits)).reshape(-1, 8)
+    out = np.zeros((codes.shape[0], 4), np.uint32)
+    w_t, o_t = tvm.runtime.tensor(_words(codes, fmt.bits)), tvm.runtime.tensor(out)
+    _decode_fn(fmt, codes.shape[0], False, dtype)(w_t, o_t)
+    raw = o_t.numpy()
+    fma = pairs.bf16_fma(fmt, dtype)
+    if fma is not None and not fold.merged:  # integer codes: the magic number, then the multiplier
+        raw = _fma_bf16x2(raw, *fma)
+    with np.errstate(invalid="ignore"):  # e5m2's NaN codes
+        lanes = raw.view(NP_DTYPES[dtype]).reshape(-1).astype(np.float64)
+    want = oracle.decode(codes, spec).reshape(-1)
+    finite = np.isfinite(want)
+    bias, shift = {"float16": (15, 10), "bfloat16": (127, 7)}[dtype]
+
+    def folded(c: int) -> tuple[np.ndarray, bool]:
+        """The pairs times the multiplier of exponent ``c``, rounded once; whether it is normal."""
+        e = fold.offset + c  # the multiplier's exponent field
+        word = (e << shift) * 0x10001 & 0xFFFFFFFF
+        factor = np.array([word], np.uint32).view(NP_DTYPES[dtype]).astype(np.float64)[0]
+        with np.errstate(invalid="ignore", over="ignore"):
+            prod = (lanes * factor).astype(NP_DTYPES[dtype]).astype(np.float64)
+        return prod, 1 <= e <= 2 * bias and factor == 2.0 ** (e - bias)
+
+    for c in range(fold.c0 - fold.spread, fold.c0 + 1):
+        prod, normal = folded(c)
+        assert normal, (name, dtype, c)
+        np.testing.assert_array_equal(prod[finite] * pairs.out_factor(fmt) * 2.0**-c, want[finite])
+        with np.errstate(invalid="ignore"):  # e5m2's NaN codes
+            exact = lanes * 2.0 ** (c + (112 if fold.merged else 0))
+        np.testing.assert_array_equal(prod[np.isfinite(exact)], exact[np.isfinite(exact)])
+    prod, normal = folded(fold.c0 - fold.spread - 1)
+    with np.errstate(invalid="ignore"):
+        exact = lanes * 2.0 ** (fold.c0 - fold.spread - 1 + (112 if fold.merged else 0))
+    assert not normal or not np.array_equal(prod[np.isfinite(exact)], exact[np.isfinite(exact)])
+
+
 def test_unsupported_format_is_refused():
     wide = formats.Format("e6m1", "float", 8, 6, 1, "none", 32, None)
     assert not pairs.supported(wide) and not pairs.supported(wide, "bfloat16")

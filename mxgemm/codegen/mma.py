@@ -44,6 +44,7 @@ the ``kw`` warps of a column add up through shared memory.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import asdict, dataclass
 
 from tvm import tirx
@@ -70,7 +71,11 @@ class Hints:
     instead of the ALU pipe, which the decode keeps busiest); xs: 1 (a ring, an M tile over 16 rows)
     for activations that ride the ring too, one copy per group of ``kn`` warps (up to 8), each n8 tile
     read from shared memory just before its mmas (without it every warp loads the whole M tile from
-    global memory: at 64 rows that is the activations once per 16 ``nt`` weight rows)."""
+    global memory: at 64 rows that is the activations once per 16 ``nt`` weight rows); fold: 1 (a
+    ring) for block scales folded into the decoded pairs (:func:`~mxgemm.codegen.pairs.fold`) where a
+    warp's rows allow it, so each mma accumulates straight into the fp32 accumulator (without it
+    each step's two mmas go to a zeroed fragment added to the accumulator times the scale: 4 moves
+    and 4 FMAs per n8 tile and step, a dependent chain)."""
 
     nt: int = 4
     kw: int = 4
@@ -80,6 +85,7 @@ class Hints:
     pdl: int = 0
     shl: int = 0
     xs: int = 0
+    fold: int = 0
 
     def __post_init__(self) -> None:
         ok = self.nt in (1, 2, 4, 8) and self.kw in (1, 2, 4, 8) and self.stages in (0, 2, 3, 4)
@@ -87,6 +93,7 @@ class Hints:
         ok = ok and self.kn in ((1, 2, 4, 8) if self.stages else (1,)) and self.kw * self.kn <= 16
         ok = ok and self.pdl in ((0, 1) if self.stages else (0,)) and self.shl in (0, 1)
         ok = ok and self.xs in ((0, 1) if self.stages else (0,)) and (self.xs or self.kn < 8)
+        ok = ok and self.fold in ((0, 1) if self.stages else (0,))
         if not ok:
             raise ValueError(f"mma hints out of range: {self}")
 
@@ -171,6 +178,9 @@ class _Kernel:
         self.s_word = not h.stages and block_size == STEP and h.unroll == 4 and (k // STEP) % 4 == 0
         if h.stages and block_size != STEP:
             raise ValueError(f"mma ring hints {h} need one scale per 32-wide step, not {block_size}")
+        self.fold = pairs.fold(fmt, a_dtype) if h.fold else None
+        if h.fold and self.fold is None:
+            raise ValueError(f"mma hints {h}: {fmt.name} pairs in {a_dtype} take no folded scale")
 
     def ix(self, v):
         return tirx.Cast("int64", v) if self.wide else v
@@ -220,6 +230,15 @@ class _Kernel:
                 self.prefetch_l2()
                 T.evaluate(T.ptx.griddepcontrol.wait())
             if h.stages:
+                self.ring_setup()
+            if self.fold is not None:
+                self.fold_prologue()
+                with T.If(tirx.BufferLoad(self.fast, [0]) != 0):
+                    with T.Then():
+                        self.ring_loop(fold=True)
+                    with T.Else():
+                        self.ring_loop()
+            elif h.stages:
                 self.ring_loop()
             else:
                 self.register_loop()
@@ -241,20 +260,35 @@ class _Kernel:
             seen = seen | nan_scales(scale(t, r))
         self.T.buffer_store(self.nan, seen, [0])
 
-    def step(self, word, scale, read_x=None) -> None:
+    def step(self, word, scale, read_x=None, factor=None) -> None:
         """One K step from registers: ``word(t, r, p, i)`` uint32 word ``i`` of plane ``p`` of this
         lane's row ``r`` (0: ``quad``, 1: ``quad + 8``) of tile ``t``; ``scale(t, r)`` its float32
         block scale; the activations already in :attr:`bfr`, or (``read_x``) read into ``bfr[a]``
-        by ``read_x(a)`` one n8 tile at a time (:meth:`step_tiles`)."""
+        by ``read_x(a)`` one n8 tile at a time (:meth:`step_tiles`). ``factor(t, r)``: the row's
+        folded scale multiplier (:class:`~mxgemm.codegen.pairs.Fold`), applied to the pairs instead,
+        and the mmas accumulate straight into the accumulator."""
         T, h, xt_n = self.T, self.h, self.xt_n
+        if factor is not None:
+            fac = T.alloc_buffer((h.nt, 2), "uint32", scope="local")
+            for t, r in itertools.product(range(h.nt), range(2)):
+                T.buffer_store(fac, factor(t, r), [t, r])
         for t, g, q in itertools.product(range(h.nt), range(2), range(4)):
             # a0..a3: rows quad / quad+8 × codes (4g, 4g+1) / (4g+2, 4g+3)
             wd = lambda p, i, t=t, r=q % 2: word(t, r, p, i)  # noqa: E731
             pair = pairs.decode_pair(self.fmt, wd, 2 * g + q // 2, left=bool(h.shl), dtype=self.a_dtype)
             T.buffer_store(self.afr, pair, [t, g, q])
-            if self.fma is not None:
-                a = self.afr[t, g, q]
+            a = self.afr[t, g, q]
+            if factor is None and self.fma is not None:
                 T.evaluate(T.ptx.fma.rn.bf16x2(a, a, u32(self.fma[0]), u32(self.fma[1])))
+            elif factor is not None:
+                self.fold_pair(a, fac[t, q % 2])
+        if factor is not None:
+            for a in range(xt_n):
+                if read_x is not None:
+                    read_x(a)
+                for t in range(h.nt):
+                    self.mma_pair(t, a, self.acc)
+            return
         if read_x is not None:
             self.step_tiles(scale, read_x)
             return
@@ -267,6 +301,15 @@ class _Kernel:
             for a, e in itertools.product(range(xt_n), (2 * r, 2 * r + 1)):
                 prod = tirx.BufferLoad(self.acc, [t, a, e]) + tirx.BufferLoad(self.tmp, [t, a, e]) * sc
                 T.buffer_store(self.acc, prod, [t, a, e])
+
+    def fold_pair(self, a, f) -> None:
+        """Pair ``a`` (a :attr:`afr` element) times its row's folded scale multiplier ``f`` (uint32
+        bits of two fp16 or bf16 powers of two), in place, exactly."""
+        T, fold = self.T, self.fold
+        fma = T.ptx.fma.rn.f16x2 if self.a_dtype == "float16" else T.ptx.fma.rn.bf16x2
+        if self.fma is not None and not fold.merged:  # integer codes: the magic number first
+            T.evaluate(fma(a, a, u32(self.fma[0]), u32(self.fma[1])))
+        T.evaluate(fma(a, a, f, u32(0x80008000)))  # a f + -0: keeps the sign of zero
 
     def mma_pair(self, t, a, acc) -> None:
         """The step's two mmas of weight tile ``t`` × activation tile ``a`` into ``acc[t, a]``."""
@@ -405,12 +448,9 @@ class _Kernel:
 
     # ---- stages ≥ 2: cp.async ring ------------------------------------------------------------
 
-    def ring_loop(self) -> None:
-        """``stages - 1`` iterations in flight through the group's ring; iteration ``it`` waits for
-        its copies (``wait_group``), a barrier of the group (the warp, or its ``kn`` warps) makes
-        every lane's copies visible to all, then the slot freed by ``it - 1`` is refilled with ``it +
-        stages - 1`` and ``it`` computes. Block scales: :func:`~mxgemm.codegen.decode.scale_exponent`
-        (3 ops, code 255 as +inf), NaN codes flagged per word (:meth:`flag_nan`)."""
+    def ring_setup(self) -> None:
+        """The ring (shared memory), once for every loop of the kernel (and, with two loops, the NaN
+        flag)."""
         T, h = self.T, self.h
         codes, scales, _ = _ring_layout(h, self.fmt.bits, self.m_tile)
         self.slot16 = _slot_bytes(h, self.fmt.bits, self.m_tile) // 16  # every part: a multiple of 16 bytes
@@ -422,6 +462,17 @@ class _Kernel:
         red16 = -(-_red_bytes(h, self.m_tile) // 16)
         units = max(h.kw * h.stages * self.slot16, red16)
         self.ring = T.alloc_buffer((units,), "uint32x4", scope="shared.dyn")
+        if self.fold is not None:  # before the two loops (else where the loop's registers are)
+            self.nan = self._zeroed((1,))
+
+    def ring_loop(self, fold: bool = False) -> None:
+        """``stages - 1`` iterations in flight through the group's ring; iteration ``it`` waits for
+        its copies (``wait_group``), a barrier of the group (the warp, or its ``kn`` warps) makes
+        every lane's copies visible to all, then the slot freed by ``it - 1`` is refilled with ``it +
+        stages - 1`` and ``it`` computes. Block scales: :func:`~mxgemm.codegen.decode.scale_exponent`
+        (3 ops, code 255 as +inf), NaN codes flagged per word (:meth:`flag_nan`); or, ``fold``,
+        multipliers of the decoded pairs (:meth:`fold_prologue`: no NaN code there)."""
+        T, h = self.T, self.h
         # a slot's codes and activations go to registers all at once (fewer dependent waits), except
         # with 16 activation rows: one step ahead of the mmas (fewer registers); both measured faster
         ahead = self.xt_n != 2
@@ -430,7 +481,8 @@ class _Kernel:
         sreg = T.alloc_buffer((h.nt, 2, h.unroll // 4), "uint32", scope="local")
         xreg = self._zeroed((nb, self.xt_n, 4)) if self.pipe_x and not h.xs else None
         xcur = None if self.pipe_x else self._zeroed((h.unroll, self.xt_n, 4))
-        self.nan = self._zeroed((1,))  # nonzero once one of this lane's rows had a NaN scale (255)
+        if self.fold is None:
+            self.nan = self._zeroed((1,))  # nonzero once one of this lane's rows had a NaN scale (255)
         commit = T.ptx["cp.async.commit_group"]
         for s in range(h.stages - 1):
             if s < self.iters:
@@ -451,7 +503,7 @@ class _Kernel:
                 self.load_x(it, xcur)
             slot = it % h.stages
             self.read_steps(slot, range(h.unroll) if ahead else [0], wreg, xreg, sreg)
-            for q in range(h.unroll // 4):
+            for q in range(0 if fold else h.unroll // 4):  # folded: no NaN code (the prologue)
                 self.flag_nan(lambda t, r, q=q: tirx.BufferLoad(sreg, [t, r, q]))
             for ur in range(h.unroll):
                 if not ahead and ur + 1 < h.unroll:
@@ -466,8 +518,66 @@ class _Kernel:
                 def scale(t, r, ur=ur):  # code 255: +inf, made NaN by the flag
                     return scale_exponent(tirx.BufferLoad(sreg, [t, r, ur // 4]), ur % 4)
 
+                def factor(t, r, ur=ur):
+                    code = tirx.BufferLoad(sreg, [t, r, ur // 4]) >> u32(8 * (ur % 4)) & u32(255)
+                    return code * u32(self.fold.mul) + tirx.BufferLoad(self.fold_add, [t, r])
+
                 word = lambda t, r, p, i, b=ur % nb: tirx.BufferLoad(wreg, [b, t, r, p, i])  # noqa: E731
-                self.step(word, scale, (lambda a, ur=ur: self.read_x(slot, ur, a)) if h.xs else None)
+                read_x = (lambda a, ur=ur: self.read_x(slot, ur, a)) if h.xs else None
+                self.step(word, scale, read_x, factor if fold else None)
+
+    def fold_prologue(self) -> None:
+        """Whether this warp's block scales fold (:class:`~mxgemm.codegen.pairs.Fold`): each lane
+        scans a quarter of its rows' scale codes over the warp's K (uint32 words, byte-wise max and
+        min), the quad's lanes combine theirs, and the warp folds (:attr:`fast`) when no row has a
+        NaN code and every row's codes lie within the fold's spread of the row's largest. Sets the
+        rows' multiplier addends (:attr:`fold_add`) and output exponents (:attr:`out_exp`, for
+        ``ldexpf``; :func:`~mxgemm.codegen.pairs.out_factor`'s alone when the warp does not fold)."""
+        T, h, fold = self.T, self.h, self.fold
+        row_words = self.k // STEP // 4  # the ring has one scale byte a step and ≥ 4 steps a warp
+        s32 = T.decl_buffer((self.n * row_words,), "uint32", data=self.S.data)
+        words = self.steps // 4  # of a row in this warp's K range
+        hi = self._zeroed((h.nt, 2))
+        lo = T.alloc_buffer((h.nt, 2), "uint32", scope="local")
+        for t, r in itertools.product(range(h.nt), range(2)):
+            T.buffer_store(lo, u32(0xFFFFFFFF), [t, r])
+        vmax = lambda a, b: tirx.call_pure_extern("uint32", "__vmaxu4", a, b)  # noqa: E731
+        vmin = lambda a, b: tirx.call_pure_extern("uint32", "__vminu4", a, b)  # noqa: E731
+        with T.serial(0, -(-words // 4)) as i:
+            w = self.j + 4 * i
+            with T.If(w < words):
+                with T.Then():
+                    for t, r in itertools.product(range(h.nt), range(2)):
+                        row = self.ix(self.n0 + 16 * t + self.quad + 8 * r)
+                        v = tirx.BufferLoad(s32, [row * row_words + self.ty * (self.steps // 4) + w])
+                        T.buffer_store(hi, vmax(hi[t, r], v), [t, r])
+                        T.buffer_store(lo, vmin(lo[t, r], v), [t, r])
+        ok = self._zeroed((1,), "int32")
+        T.buffer_store(ok, tirx.const(1, "int32"), [0])
+        self.fold_add = T.alloc_buffer((h.nt, 2), "uint32", scope="local")
+        self.out_exp = T.alloc_buffer((h.nt, 2), "int32", scope="local")
+        shfl = lambda v, m: tirx.call_extern("uint32", "__shfl_xor_sync", u32(0xFFFFFFFF), v, m)  # noqa: E731
+        for t, r in itertools.product(range(h.nt), range(2)):
+            for buf, op in ((hi, vmax), (lo, vmin)):
+                v = tirx.BufferLoad(buf, [t, r])
+                T.buffer_store(buf, op(v, v >> u32(16)), [t, r])
+                v = tirx.BufferLoad(buf, [t, r])
+                T.buffer_store(buf, op(v, v >> u32(8)) & u32(255), [t, r])
+                for m in (1, 2):  # the quad's four lanes hold the same rows
+                    T.buffer_store(buf, op(buf[t, r], shfl(buf[t, r], m)), [t, r])
+            top, bottom = hi[t, r], lo[t, r]
+            good = tirx.And(top != u32(255), top - bottom <= u32(fold.spread))
+            T.buffer_store(ok, ok[0] & tirx.Cast("int32", good), [0])
+            add = (u32(fold.offset + fold.c0) - top) * u32(fold.mul)
+            T.buffer_store(self.fold_add, add, [t, r])
+            T.buffer_store(self.out_exp, tirx.Cast("int32", top) - (127 + fold.c0), [t, r])
+        self.fast = T.alloc_buffer((1,), "int32", scope="local")
+        all_ok = tirx.call_extern("int32", "__all_sync", u32(0xFFFFFFFF), ok[0])
+        T.buffer_store(self.fast, all_ok, [0])
+        oe = round(math.log2(pairs.out_factor(self.fmt)))
+        for t, r in itertools.product(range(h.nt), range(2)):
+            out = tirx.Select(self.fast[0] != 0, self.out_exp[t, r] + oe, tirx.const(oe, "int32"))
+            T.buffer_store(self.out_exp, out, [t, r])
 
     def prefetch_l2(self) -> None:
         """L2 prefetch of this warp's codes and scales of the ring's first ``stages - 1`` iterations
@@ -605,6 +715,10 @@ class _Kernel:
             with T.If(tirx.BufferLoad(self.nan, [0]) != u32(0)):
                 with T.Then():
                     self.nan_rows()
+        if self.fold is not None:  # each warp's sums to true scale before the cross-warp sum
+            for t, a, e in tiles:
+                val = tirx.ldexp(self.acc[t, a, e], self.out_exp[t, e // 2])
+                T.buffer_store(self.acc, val, [t, a, e])
         if h.kw > 1:
             shape = (h.kw - 1, h.kn, h.nt, xt_n, 4, 32)
             if h.stages:  # in the ring, once every warp is done with it
@@ -626,7 +740,7 @@ class _Kernel:
                         total = total + tirx.BufferLoad(red, [w_, self.tz, t, a, e, tx])
                     row = a * 8 + self.j * 2 + e % 2
                     col = self.n0 + 16 * t + self.quad + 8 * (e // 2)
-                    val = total * tirx.const(pairs.out_factor(self.fmt), "float32")
+                    val = total if self.fold else total * tirx.const(pairs.out_factor(self.fmt), "float32")
                     if self.bias:
                         val = val + tirx.Cast("float32", tirx.BufferLoad(self.Bias, [col]))
                     with T.If(tirx.Cast("int64", row) < self.m64):

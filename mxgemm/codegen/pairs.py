@@ -30,8 +30,10 @@ two scalar ops):
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from tvm import tirx
 from tvm.ir import Expr as PrimExpr
@@ -180,3 +182,60 @@ def supported(fmt: Format, dtype: str = "float16") -> bool:
     if fmt.kind == "int":
         return fmt.bits <= (10 if dtype == "float16" else 8)
     return fmt.ebits <= 5 and fmt.mbits <= MANT[dtype]
+
+
+# ---- the block scale folded into the pair ------------------------------------------------------
+
+_LOWEST_QUANTUM = {"float16": -24, "bfloat16": -133}  # log2 of the smallest subnormal
+_LARGEST = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
+_EXP_BIAS = {"float16": 15, "bfloat16": 127}
+_EXP_SHIFT = {"float16": 10, "bfloat16": 7}
+
+
+@dataclass(frozen=True)
+class Fold:
+    """How a kernel multiplies a block's pairs by a power of two ``2**c`` that carries the block scale
+    relative to its row's largest (``c = c0 + code - row max code``, exact for ``c`` in ``[c0 - spread,
+    c0]``), so the mma accumulates scaled products directly and the row's ``2**(max - 127 - c0)``
+    (with :func:`out_factor`) is applied once per output.
+
+    The multiplier for code ``c`` of a row is ``c * mul + (offset + c0 - max) * mul`` (uint32: the
+    exponent field in both 16-bit halves): fp16 pairs take it by one ``half2`` multiply; bf16 pairs by
+    ``fma.rn.bf16x2(pair, multiplier, -0)``, which for float codes (``merged``) replaces
+    :func:`bf16_fma`'s ``2**112`` (the offset then holds the 112)."""
+
+    c0: int
+    spread: int
+    offset: int
+    mul: int
+    merged: bool
+
+
+def fold(fmt: Format, dtype: str) -> Fold | None:
+    """The :class:`Fold` of ``fmt``'s pairs in ``dtype``, None where no exponent range is exact.
+
+    ``c`` is exact where every code's pair (its element over :func:`out_factor`, specials decoded as
+    ordinary codes; e5m2's inf/NaN stay so) times ``2**c`` is a ``dtype`` number: the largest under
+    ``dtype``'s largest finite, the smallest step (the element's subnormal step) at least ``dtype``'s
+    smallest subnormal; and where the multiplier is a normal number. fp16 takes ``c0`` at the top
+    (e4m3: 22 binades of scales a row, e5m2 8, fp4 24); bf16 at 0, where no product can overflow
+    float32 sooner than the unscaled one (118 binades or more)."""
+    if not supported(fmt, dtype):
+        return None
+    if fmt.kind == "int":
+        top, step = 2.0 ** (fmt.bits - 1), 1.0
+    else:
+        free = fmt.specials != "ieee"  # all-ones exponent codes decode as ordinary numbers
+        exp_top = 2**fmt.ebits - 1 - fmt.bias if free else fmt.emax
+        top = 2.0**exp_top * (2 - 2.0**-fmt.mbits) / out_factor(fmt)
+        step = fmt.min_subnormal / out_factor(fmt)
+    hi = math.floor(math.log2(_LARGEST[dtype] / top))
+    lo = math.ceil(_LOWEST_QUANTUM[dtype] - math.log2(step))
+    merged = dtype == "bfloat16" and bf16_fma(fmt, dtype) is not None and fmt.kind == "float"
+    offset = _EXP_BIAS[dtype] + (112 if merged else 0)
+    lo, hi = max(lo, 1 - offset), min(hi, 2 * _EXP_BIAS[dtype] - offset)  # a normal multiplier
+    c0 = hi if dtype == "float16" else min(hi, 0)
+    if c0 < lo:
+        return None
+    mul = (1 << _EXP_SHIFT[dtype]) * 0x10001
+    return Fold(c0, c0 - lo, offset, mul, merged)

@@ -60,6 +60,12 @@ class Rule:
         del spec, hints
         return 1.0
 
+    def twins(self, spec: Any, hints: Any) -> list[Any]:
+        """Candidates the tuner measures beside ``hints`` whatever their cost: the same kernel with a
+        new option on, so a re-tune compares it with what it would replace (none by default)."""
+        del spec, hints
+        return []
+
     def apply(self, spec: Any, make: Make, hints: Any = None) -> Scheduled | None:
         """The kernel of ``spec`` with ``hints`` (None: the defaults); None when they do not fit.
         ``make(decode_dtype)`` gives the spec's prim_func (:mod:`mxgemm.codegen.prim_func`)."""

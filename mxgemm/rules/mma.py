@@ -5,6 +5,7 @@ model); the kernel and what its hints mean are :mod:`mxgemm.codegen.mma`.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
@@ -53,8 +54,9 @@ def space(
 ) -> list[Hints]:
     """Every :func:`valid` hint set for N = ``n`` at ``m_tile`` rows (deterministic order)."""
     regs = itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4), (0,), (1,), (0,), (0, 1), (0,))
+    regs = (p + (0,) for p in regs)
     rings = itertools.product(
-        (1, 2, 4, 8), (1, 2, 4, 8), (4, 8), (2, 3, 4), (1, 2, 4, 8), (0, 1), (0, 1), (0, 1)
+        (1, 2, 4, 8), (1, 2, 4, 8), (4, 8), (2, 3, 4), (1, 2, 4, 8), (0, 1), (0, 1), (0, 1), (0, 1)
     )
     hints = (Hints(*p) for p in itertools.chain(regs, rings) if p[1] * p[4] <= 16 and (p[7] or p[4] < 8))
     return [h for h in hints if valid(h, n, m_tile, fmt, block_size, ring_smem)]
@@ -76,8 +78,10 @@ class Mma(Rule):
     def candidates(self, spec: Any) -> list[Hints]:
         pdl = targets.sm_version(spec.target["arch"]) >= 90  # griddepcontrol
         ring = min(RING_SMEM, spec.target["max_shared_memory_per_block"])
-        cands = space(spec.n, spec.m_bucket, formats.get(spec.fmt), spec.block_size, ring)
-        return [h for h in cands if fits(h, spec.n, spec.k) and (pdl or not h.pdl)]
+        f = formats.get(spec.fmt)
+        folds = pairs.fold(f, spec.a_dtype) is not None
+        cands = space(spec.n, spec.m_bucket, f, spec.block_size, ring)
+        return [h for h in cands if fits(h, spec.n, spec.k) and (pdl or not h.pdl) and (folds or not h.fold)]
 
     def cost(self, spec: Any, h: Hints) -> float:
         """≈ 24 KB of weight loads in flight per SM (Little's law at HBM3 latency), the cross-warp
@@ -97,6 +101,13 @@ class Mma(Rule):
         # past 16 rows: activation bytes loaded per weight byte (a group of kn warps shares them with xs)
         acts = 0.0 if m_tile <= 16 else m_tile * 64 / (h.kn if h.xs else 1) / (h.nt * 64 * bits)
         return starved * regs * measured * (1 + 0.02 * h.kw) * (1 + 0.05 * (waves > 1)) * (1 + 0.25 * acts)
+
+    def twins(self, spec: Any, hints: Hints) -> list[Hints]:
+        """``hints`` with the block scales folded (``fold``), where that is a candidate."""
+        if not hints.stages or hints.fold:  # a ring's option
+            return []
+        twin = dataclasses.replace(hints, fold=1)
+        return [twin] if twin in self.candidates(spec) else []
 
     def default_hints(self, spec: Any) -> Hints | None:
         """The first candidate of the arch's table row (``schedules/<arch>.json``: by M tile and 16-row
