@@ -1,6 +1,7 @@
 """Build the CUDA kernels of the GPU tests here (no GPU needed) into $MXGEMM_CACHE_DIR, so a GPU box with
 only the TVM runtime can run them: ``MXGEMM_CACHE_DIR=DIR python -m tests.prebuild_gpu sm_90 [JOBS [SETS]]``
-with SETS a comma list of linear, ops, rules, xs, act, module, minilm (default: all; xs is part of rules)."""
+with SETS a comma list of linear, ops, rules, xs, fold, act, module, minilm (default: all; xs and fold
+are part of rules)."""
 
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -106,6 +107,17 @@ def xs_cases(arch):
     yield dict(fmt="mxfp4", n=256, k=2048, a_dtype="bfloat16", op="decode", target=arch)
 
 
+def fold_cases(arch):
+    """tests.test_linear's ``mma-fold`` cases (the block scales folded into the pairs)."""
+    from tests.linear_cases import rule_kernel, rule_shape
+
+    for fmt in FORMATS:
+        for bias in (False, True):
+            for dt in DTYPES:
+                for m in rule_shape("mma-fold")[2]:
+                    yield rule_kernel("mma-fold", fmt, dt, bias, m, arch)
+
+
 def act_cases(arch):
     """tests.test_act_quant's GPU test: the activation quantize kernel of every format × rounding."""
     from mxgemm.codegen import act_quant, target
@@ -130,6 +142,7 @@ SETS = {
     "ops": ops_cases,
     "rules": rule_cases,
     "xs": xs_cases,
+    "fold": fold_cases,
     "act": act_cases,
     "module": module_cases,
     "minilm": minilm_cases,

@@ -214,7 +214,9 @@ def _special_scales(kernel, x, q, planes, bias, y):
 def fold_scales(fmt: str, dtype: str, n: int, k: int, seed: int) -> torch.Tensor:
     """uint8 E8M0 codes ``[n, k/32]`` for the folded-scale kernels: each row's codes within the fold's
     spread of the row's largest (row 0 from code 0, row 1 up to 254, the others anywhere), except rows
-    16..23, whose spread is one binade more (their warps take the unfolded loop)."""
+    32..39, whose spread is one binade more (their warps take the unfolded loop) and whose codes stay
+    ≤ 127: that loop scales each step before the format's step (``pairs.out_factor``), so integer
+    formats' sums above 2**121 overflow there."""
     from mxgemm.codegen import pairs
 
     spread = pairs.fold(mxgemm.formats.get(fmt), dtype).spread
@@ -222,8 +224,8 @@ def fold_scales(fmt: str, dtype: str, n: int, k: int, seed: int) -> torch.Tensor
     base = torch.randint(0, 255 - spread, (n, 1), generator=g)
     base[0], base[1] = 0, 254 - spread
     wide = torch.zeros(n, 1, dtype=torch.long)
-    wide[16:24] = 1
-    base = torch.minimum(base, 254 - spread - wide)
+    wide[32:40] = 1
+    base = torch.where(wide > 0, base.clamp(max=max(0, 126 - spread)), base)
     codes = (
         base
         + torch.randint(0, spread + 1, (n, k // 32), generator=g)
@@ -239,7 +241,7 @@ def fold_scales(fmt: str, dtype: str, n: int, k: int, seed: int) -> torch.Tensor
 def test_gpu_folded_scales_bit_exact(fmt, dtype):
     """The folded block scales (``mma`` hints ``fold``) with every code and scale codes that span the
     fold's whole range in every row (from code 0 up to 254), and rows one binade wider (their warps
-    fall back): one-hot rows give W's columns bit for bit, at 16, 64 and 128 rows."""
+    fall back, :func:`fold_scales`): one-hot rows give W's columns bit for bit, at 16, 64 and 128 rows."""
     n, k = TC_N, TC_K
     q = every_code_weight(fmt, n, k, 5)
     q = dataclasses.replace(q, scales=fold_scales(fmt, dtype, n, k, 5)).to("cuda")
