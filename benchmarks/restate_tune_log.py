@@ -31,7 +31,10 @@ def _tir(rec: dict) -> tuple[str, str]:
     r = tunelog.Record.from_dict(rec)
     tgt = targets.resolve(r.arch)
     dt = r.a_dtype
-    spec = KernelSpec(r.fmt, r.n, r.k, r.m_bucket, dt, dt, False, r.block_size, tgt, r.rule, r.config)
+    if r.rule == "dequant":  # decode + cuBLAS: the record's kernel is the decode
+        spec = KernelSpec(r.fmt, r.n, r.k, None, dt, dt, False, r.block_size, tgt, op="decode")
+    else:
+        spec = KernelSpec(r.fmt, r.n, r.k, r.m_bucket, dt, dt, False, r.block_size, tgt, r.rule, r.config)
     rule, mod, hints = schedule(spec)
     # the record's hints as the rule typed them (a field the record lacks: a later option, left out)
     used = {f: v for f, v in hints.to_dict().items() if f in r.config} if hints is not None else {}

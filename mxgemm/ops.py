@@ -27,7 +27,7 @@ FP16_MAX = 65504.0
 DECODE_ABOVE = 4  # CUDA, more rows than this: decode W in 16 bits, then cuBLAS (see `plan`)
 # CUDA M buckets where decode + cuBLAS competes with the fused kernel and the tune log decides (a
 # record of rule DECODE_RULE: decode + cuBLAS measured fastest); 128: fused only where a record says so
-DECIDED_BUCKETS, FUSED_IF_TUNED = (64, 128), (128,)
+DECIDED_BUCKETS, FUSED_IF_TUNED = (64, 128, 256), (128, 256)
 DECODE_RULE = "dequant"  # the rule of the standalone decode kernel
 CPU_FUSED_UP_TO = 4  # CPU, up to this many rows: the few-row GEMV (cpu_gemv), where it tiles the shape
 CPU_CHUNK_MB = 4.0  # CPU: MB of decoded weights per chunk (L2/L3-resident when the GEMM reads them)
@@ -68,12 +68,12 @@ def plan(
     Zen 5, 4096² mxfp4, bf16: 2 rows 9.5 ms dynamic-M, 3.5 decoded, 1.0 GEMV; a 16-row GEMV bucket
     took 7.2 ms against 2.2 decoded: it streams the 16 rows of activations from L2 once per output.)
     CUDA, asking the rules (:mod:`mxgemm.rules`) which apply, by what measured fastest on an H100
-    (``benchmarks/README.md``): ``mma`` wherever it applies (fp16 or bf16, up to 128 rows; past 16 rows
+    (``benchmarks/README.md``): ``mma`` wherever it applies (fp16 or bf16, up to 256 rows; past 16 rows
     with the activations in its ring); else the small-M rules up to ``DECODE_ABOVE`` rows (up to 2 for
     sub-byte codes when ``tensorcore`` applies: it wins from 3 rows there); ``tensorcore`` up to 64
     rows; decode + cuBLAS beyond. In the buckets :data:`DECIDED_BUCKETS` the tune log decides: a
     :data:`DECODE_RULE` record (decode + cuBLAS timed faster than every fused candidate) routes to the
-    decode, and the bucket 128 runs fused only where a record of a fused rule says so."""
+    decode, and the buckets 128 and 256 run fused only where a record of a fused rule says so."""
     from mxgemm import rules
     from mxgemm.layout import plane_widths
     from mxgemm.rules.tensorcore import M_TILES as TC_TILES

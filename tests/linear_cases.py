@@ -18,7 +18,8 @@ TC_N, TC_K = 256, 2048  # a shape the tensor-core rule tiles for every format (N
 # to 16 rows); "mma-shared": its ring with 4 warps sharing one copy of the activations; "mma-pdl": its
 # ring launched with programmatic dependent launch, decoding by left shifts; "mma-xs": its ring past 16
 # rows with the activations in it too (buckets 64 and 128); "mma-fold": its ring with the block scales
-# folded into the decoded pairs (buckets 16, 64 and 128)
+# folded into the decoded pairs (buckets 16, 64 and 128); "mma-mw": its ring with warps splitting M
+# (buckets 64, 128 and 256)
 RULE_CASES = (
     ("mma", "float16"),
     ("mma-regs", "float16"),
@@ -31,6 +32,8 @@ RULE_CASES = (
     ("mma-xs", "bfloat16"),
     ("mma-fold", "float16"),
     ("mma-fold", "bfloat16"),
+    ("mma-mw", "float16"),
+    ("mma-mw", "bfloat16"),
     ("tensorcore", "float16"),
     ("gemv", "float16"),
     ("gemv", "bfloat16"),
@@ -44,6 +47,7 @@ def rule_shape(rule: str) -> tuple[int, int, tuple[int, ...]]:
     ms = {"mma": (1, 3, 5, 16, 17, 64), **dict.fromkeys(("mma-regs", "mma-shared", "mma-pdl"), (1, 3, 5, 16))}
     ms["mma-xs"] = (17, 64, 100, 128)
     ms["mma-fold"] = (5, 16, 17, 64, 100, 128)
+    ms["mma-mw"] = (17, 64, 100, 128, 200, 256)
     return TC_N, TC_K, ms.get(rule, (5, 16, 17, 64))
 
 
@@ -54,7 +58,10 @@ def rule_kernel(rule: str, fmt: str, dtype: str, bias: bool, m: int, arch: str) 
     warps, 8 steps, a two-stage ring, programmatic dependent launch, the left-shift pair decode;
     ``mma-xs``: its ring holding the activations too, at 64 rows 2 tiles, 2 × 4 warps, 4 steps, two
     stages; at 128 one tile, 8 warps, 4 steps, three stages; ``mma-fold``: the folded block scales, up
-    to 16 rows with ``mma-shared``'s hints but 2 warps splitting K, else with ``mma-xs``'s)."""
+    to 16 rows with ``mma-shared``'s hints but 2 warps splitting K, else with ``mma-xs``'s; ``mma-mw``:
+    warps splitting M, at 64 rows 2 tiles, 2 × 2 × 2 warps (K, N, M), 4 steps, two stages; at 128 the
+    same with 4 warps in N and one in K, the scales folded; at 256 2 tiles, 2 × 4 warps (N, M), the
+    scales folded)."""
     from mxgemm import rules
     from mxgemm.codegen import target as targets
     from mxgemm.codegen.build import KernelSpec
@@ -71,6 +78,11 @@ def rule_kernel(rule: str, fmt: str, dtype: str, bias: bool, m: int, arch: str) 
         "mma-pdl": mma.Hints(**PDL_HINTS),
         "mma-xs": mma.Hints(2, 2, 4, 2, kn=4, xs=1) if bucket == 64 else mma.Hints(1, 1, 4, 3, kn=8, xs=1),
     }
+    pinned["mma-mw"] = {
+        64: mma.Hints(2, 2, 4, 2, kn=2, xs=1, mw=2),
+        128: mma.Hints(2, 1, 4, 2, kn=4, xs=1, fold=1, mw=2),
+        256: mma.Hints(2, 1, 4, 2, kn=2, xs=1, fold=1, mw=4),
+    }.get(bucket)
     if rule == "mma-fold":
         xs = pinned["mma-xs"] if bucket > 16 else mma.Hints(1, 2, 8, 2, kn=4)
         pinned[rule] = dataclasses.replace(xs, fold=1)

@@ -108,14 +108,16 @@ def xs_cases(arch):
 
 
 def fold_cases(arch):
-    """tests.test_linear's ``mma-fold`` cases (the block scales folded into the pairs)."""
+    """tests.test_linear's ``mma-fold`` and ``mma-mw`` cases (the block scales folded into the pairs,
+    warps splitting M)."""
     from tests.linear_cases import rule_kernel, rule_shape
 
     for fmt in FORMATS:
         for bias in (False, True):
             for dt in DTYPES:
-                for m in rule_shape("mma-fold")[2]:
-                    yield rule_kernel("mma-fold", fmt, dt, bias, m, arch)
+                for rule in ("mma-fold", "mma-mw"):
+                    for m in rule_shape(rule)[2]:
+                        yield rule_kernel(rule, fmt, dt, bias, m, arch)
 
 
 def act_cases(arch):

@@ -182,6 +182,7 @@ def test_gpu_small_m_rules(fmt, rule, dtype, bias):
         assert rule != "mma-pdl" or kernel.info["hints"]["pdl"] == kernel.info["hints"]["shl"] == 1
         assert rule != "mma-xs" or kernel.info["hints"]["xs"] == 1
         assert rule != "mma-fold" or kernel.info["hints"]["fold"] == 1
+        assert rule != "mma-mw" or kernel.info["hints"]["mw"] > 1
         x = torch.randn(m, k, generator=g).to(dt).to("cuda")
         y = torch.full((m, n), float("nan"), dtype=dt, device="cuda")
         kernel(x, *planes, q.scales, *([b] if bias else []), y)
@@ -241,15 +242,16 @@ def fold_scales(fmt: str, dtype: str, n: int, k: int, seed: int) -> torch.Tensor
 def test_gpu_folded_scales_bit_exact(fmt, dtype):
     """The folded block scales (``mma`` hints ``fold``) with every code and scale codes that span the
     fold's whole range in every row (from code 0 up to 254), and rows one binade wider (their warps
-    fall back, :func:`fold_scales`): one-hot rows give W's columns bit for bit, at 16, 64 and 128 rows."""
+    fall back, :func:`fold_scales`): one-hot rows give W's columns bit for bit, at 16, 64 and 128 rows,
+    and with warps splitting M at 128 and 256 rows."""
     n, k = TC_N, TC_K
     q = every_code_weight(fmt, n, k, 5)
     q = dataclasses.replace(q, scales=fold_scales(fmt, dtype, n, k, 5)).to("cuda")
     dt = getattr(torch, dtype)
     w = mxgemm.dequantize(q)
     planes = ops._planes(q.blocks, mxgemm.formats.get(fmt).bits)
-    for m in (16, 64, 128):
-        kernel = mxgemm.build(**rule_kernel("mma-fold", fmt, dtype, False, m, "cuda"))
+    for rule, m in [("mma-fold", 16), ("mma-fold", 64), ("mma-fold", 128), ("mma-mw", 128), ("mma-mw", 256)]:
+        kernel = mxgemm.build(**rule_kernel(rule, fmt, dtype, False, m, "cuda"))
         for start in (0, 7):
             cols = (torch.arange(m) * 97 + start * 31) % k
             x = torch.zeros(m, k, dtype=dt, device="cuda")

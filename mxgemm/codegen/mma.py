@@ -75,7 +75,10 @@ class Hints:
     ring) for block scales folded into the decoded pairs (:func:`~mxgemm.codegen.pairs.fold`) where a
     warp's rows allow it, so each mma accumulates straight into the fp32 accumulator (without it
     each step's two mmas go to a zeroed fragment added to the accumulator times the scale: 4 moves
-    and 4 FMAs per n8 tile and step, a dependent chain)."""
+    and 4 FMAs per n8 tile and step, a dependent chain); mw: warps per block side by side in M (1, 2,
+    4; with ``xs``), each with ``1/mw`` of the M tile's n8 tiles and the same weight tiles, whose
+    codes and scales the ring holds once for the ``mw`` warps (fewer accumulators a warp, so more
+    weight tiles a warp: each activation fragment read from shared memory serves ``nt`` of them)."""
 
     nt: int = 4
     kw: int = 4
@@ -86,11 +89,13 @@ class Hints:
     shl: int = 0
     xs: int = 0
     fold: int = 0
+    mw: int = 1
 
     def __post_init__(self) -> None:
         ok = self.nt in (1, 2, 4, 8) and self.kw in (1, 2, 4, 8) and self.stages in (0, 2, 3, 4)
         ok = ok and self.unroll in ((4, 8) if self.stages else (1, 2, 4))
-        ok = ok and self.kn in ((1, 2, 4, 8) if self.stages else (1,)) and self.kw * self.kn <= 16
+        ok = ok and self.kn in ((1, 2, 4, 8) if self.stages else (1,)) and self.kw * self.kn * self.mw <= 16
+        ok = ok and self.mw in ((1, 2, 4) if self.xs else (1,))
         ok = ok and self.pdl in ((0, 1) if self.stages else (0,)) and self.shl in (0, 1)
         ok = ok and self.xs in ((0, 1) if self.stages else (0,)) and (self.xs or self.kn < 8)
         ok = ok and self.fold in ((0, 1) if self.stages else (0,))
@@ -112,7 +117,8 @@ def _ring_layout(h: Hints, bits: int, m_tile: int) -> tuple[int, int, int]:
 
 
 def _red_bytes(h: Hints, m_tile: int) -> int:
-    """The cross-warp sum: every warp but the first parks its fp32 accumulators."""
+    """The cross-warp sum: every warp but the first of each K split parks its fp32 accumulators (the
+    ``mw`` warps of a column hold ``1/mw`` of the M tile each)."""
     return (h.kw - 1) * h.kn * h.nt * -(-m_tile // 8) * 4 * 32 * 4
 
 
@@ -168,6 +174,9 @@ class _Kernel:
         self.out_dtype, self.bias, self.block_size, self.h = out_dtype, bias, block_size, h
         self.widths = plane_widths(fmt.bits)
         self.xt_n = -(-m_tile // 8)  # n8 tiles of activation rows
+        self.xt_w = self.xt_n // h.mw  # of one warp
+        if self.xt_n % h.mw:
+            raise ValueError(f"mma hints {h}: {self.xt_n} n8 tiles of rows do not split over {h.mw} warps")
         self.steps = k // STEP // h.kw  # K steps per warp
         self.iters = self.steps // h.unroll
         self.wide = n * k >= 2**31
@@ -210,19 +219,21 @@ class _Kernel:
         ty, tz = T.env_thread("threadIdx.y"), T.env_thread("threadIdx.z")
         with (
             T.launch_thread(bx, n // (16 * h.nt * h.kn)),
-            T.launch_thread(tz, h.kn),
+            T.launch_thread(tz, h.kn * h.mw),
             T.launch_thread(ty, h.kw),
             T.launch_thread(tx, 32),
         ):
             self.ty, self.tz, self.tx = ty, tz, tx
             self.quad, self.j = tx // 4, tx % 4
-            self.n0 = bx * (16 * h.nt * h.kn) + tz * (16 * h.nt)
+            # the warp's weight column (kn) and M slice (mw): tz = my * kn + col
+            self.col, self.my = (tz, 0) if h.mw == 1 else (tz % h.kn, tz // h.kn)
+            self.n0 = bx * (16 * h.nt * h.kn) + self.col * (16 * h.nt)
             self.x32 = T.decl_buffer((m * k // 2,), "uint32", data=self.A.data)
-            shape = (h.nt, self.xt_n, 4)
+            shape = (h.nt, self.xt_w, 4)
             self.acc = T.alloc_buffer(shape, "float32", scope="local")
             self.tmp = T.alloc_buffer(shape, "float32", scope="local")
             self.afr = T.alloc_buffer((h.nt, 2, 4), "uint32", scope="local")
-            self.bfr = T.alloc_buffer((self.xt_n, 2, 2), "uint32", scope="local")
+            self.bfr = T.alloc_buffer((self.xt_w, 2, 2), "uint32", scope="local")
             for idx in itertools.product(*map(range, shape)):
                 T.buffer_store(self.acc, tirx.const(0.0, "float32"), list(idx))
             if h.pdl:
@@ -267,7 +278,7 @@ class _Kernel:
         by ``read_x(a)`` one n8 tile at a time (:meth:`step_tiles`). ``factor(t, r)``: the row's
         folded scale multiplier (:class:`~mxgemm.codegen.pairs.Fold`), applied to the pairs instead,
         and the mmas accumulate straight into the accumulator."""
-        T, h, xt_n = self.T, self.h, self.xt_n
+        T, h, xt_n = self.T, self.h, self.xt_w
         if factor is not None:
             fac = T.alloc_buffer((h.nt, 2), "uint32", scope="local")
             for t, r in itertools.product(range(h.nt), range(2)):
@@ -319,7 +330,7 @@ class _Kernel:
                 self.T.ptx_legacy.mma(
                     "m16n8k16", "row", "col", ab, ab, "fp32",
                     self.afr.data, (t * 2 + g) * 4, self.bfr.data, (a * 2 + g) * 2,
-                    acc.data, (t * self.xt_n + a) * 4, False, dtype="float32",
+                    acc.data, (t * self.xt_w + a) * 4, False, dtype="float32",
                 )
             )  # fmt: skip
 
@@ -332,7 +343,7 @@ class _Kernel:
         scl = T.alloc_buffer((h.nt, 2), "float32", scope="local")
         for t, r in itertools.product(range(h.nt), range(2)):
             T.buffer_store(scl, scale(t, r), [t, r])
-        for a in range(self.xt_n):
+        for a in range(self.xt_w):
             read_x(a)
             for t in range(h.nt):
                 for e in range(4):
@@ -343,10 +354,10 @@ class _Kernel:
                     T.buffer_store(self.acc, prod, [t, a, e])
 
     def read_x(self, slot, ur, a) -> None:
-        """Activation tile ``a`` of step ``ur`` of a ring slot into ``bfr[a]`` (rows ≥ M read what the
-        slot holds: they feed only output columns that are not stored)."""
+        """The warp's activation tile ``a`` of step ``ur`` of a ring slot into ``bfr[a]`` (rows ≥ M
+        read what the slot holds: they feed only output columns that are not stored)."""
         dst = [self.bfr[a, g, q] for g in range(2) for q in range(2)]
-        self.T.evaluate(self.T.ptx.ld.shared.v4.b32(*dst, self._x_addr(slot, ur, a)))
+        self.T.evaluate(self.T.ptx.ld.shared.v4.b32(*dst, self._x_addr(slot, ur, self.my * self.xt_w + a)))
 
     def _x_addr(self, slot, ur, a):
         """The shared address of this lane's 16 bytes of activation tile ``a``, step ``ur``, of a slot."""
@@ -455,7 +466,7 @@ class _Kernel:
         codes, scales, _ = _ring_layout(h, self.fmt.bits, self.m_tile)
         self.slot16 = _slot_bytes(h, self.fmt.bits, self.m_tile) // 16  # every part: a multiple of 16 bytes
         # a group's slot: each warp's codes, then its scales; then the activations
-        self.w_unit = self.tz * ((codes + scales) // 16)  # this warp's part, in 16-byte units
+        self.w_unit = self.col * ((codes + scales) // 16)  # this warp's column's part, in 16-byte units
         self.s_off, self.x_off = codes, h.kn * (codes + scales)
         # the cross-warp sum reuses the ring after the loop (one dynamic allocation, so a block over
         # 48 KB always gets the opt-in: static + dynamic bytes must not pass 48 KB without it)
@@ -490,10 +501,10 @@ class _Kernel:
             T.evaluate(commit())
         with T.serial(0, self.iters) as it:
             T.evaluate(T.ptx["cp.async.wait_group"](h.stages - 2))
-            if h.kn == 1:
+            if h.kn * h.mw == 1:
                 T.evaluate(T.ptx.bar.warp.sync(u32(0xFFFFFFFF)))
             else:  # the group's warps: named barrier 1 + ty (0 is __syncthreads)
-                T.evaluate(T.ptx.bar.sync(tirx.Cast("uint32", self.ty + 1), u32(32 * h.kn)))
+                T.evaluate(T.ptx.bar.sync(tirx.Cast("uint32", self.ty + 1), u32(32 * h.kn * h.mw)))
             nxt = it + h.stages - 1
             with T.If(nxt < self.iters):
                 with T.Then():
@@ -615,9 +626,22 @@ class _Kernel:
 
     def ring_issue(self, it, slot) -> None:
         """``cp.async`` of iteration ``it``'s codes (16-byte chunks of 16 rows × ``unroll`` steps per
-        plane and tile), scales (``unroll`` bytes a row) and activations (16 bytes a lane a step)."""
-        T, h, tx = self.T, self.h, self.tx
+        plane and tile) and scales (``unroll`` bytes a row), by the first warp of each column's ``mw``,
+        and the activations (16 bytes a lane a step, by the group)."""
+        T, h = self.T, self.h
         step0 = self.ty * self.steps + it * h.unroll
+        if h.mw == 1:
+            self.ring_issue_codes(step0, slot)
+        else:
+            with T.If(self.my == 0):
+                with T.Then():
+                    self.ring_issue_codes(step0, slot)
+        if self.pipe_x:
+            self.ring_issue_x(step0, slot)
+
+    def ring_issue_codes(self, step0, slot) -> None:
+        """The codes and scales of the slot's steps from ``step0``, by one warp."""
+        T, h, tx = self.T, self.h, self.tx
         cp16 = T.ptx["cp.async.cg.shared.global"]
         off = 0
         for t in range(h.nt):
@@ -643,19 +667,24 @@ class _Kernel:
                 with T.Then():
                     src = self.S.ptr_to([self.n0 + 16 * t + tx, step0])
                     T.evaluate(cp_s(self._smem(slot, self.s_off + (t * 16 + tx) * h.unroll), src, h.unroll))
-        if self.pipe_x:  # chunk c: step ur, n8 tile a, row quad, k 8j.. of the group's activations
-            qn = min(8, self.m_tile)
-            total, lanes = h.unroll * self.xt_n * qn * 4, 32 * h.kn
-            for i in range(-(-total // lanes)):
-                c = self.tz * 32 + tx + lanes * i
-                ur, a, quad, j = c // (4 * qn * self.xt_n), c // (4 * qn) % self.xt_n, c // 4 % qn, c % 4
-                cond = tirx.Cast("int64", a * 8 + quad) < self.m64
-                if total < lanes * (i + 1):
-                    cond = tirx.And(c < total, cond)
-                with T.If(cond):
-                    with T.Then():
-                        src = self.A.ptr_to([a * 8 + quad, (step0 + ur) * STEP + j * 8])
-                        T.evaluate(cp16(self._smem(slot, self.x_off + c * 16, own=False), src, 16))
+
+    def ring_issue_x(self, step0, slot) -> None:
+        """The group's activations of the slot's steps from ``step0``: chunk c is step ur, n8 tile a,
+        row quad, k 8j.. (rows ≥ M not copied)."""
+        T, h, tx = self.T, self.h, self.tx
+        cp16 = T.ptx["cp.async.cg.shared.global"]
+        qn = min(8, self.m_tile)
+        total, lanes = h.unroll * self.xt_n * qn * 4, 32 * h.kn * h.mw
+        for i in range(-(-total // lanes)):
+            c = self.tz * 32 + tx + lanes * i
+            ur, a, quad, j = c // (4 * qn * self.xt_n), c // (4 * qn) % self.xt_n, c // 4 % qn, c % 4
+            cond = tirx.Cast("int64", a * 8 + quad) < self.m64
+            if total < lanes * (i + 1):
+                cond = tirx.And(c < total, cond)
+            with T.If(cond):
+                with T.Then():
+                    src = self.A.ptr_to([a * 8 + quad, (step0 + ur) * STEP + j * 8])
+                    T.evaluate(cp16(self._smem(slot, self.x_off + c * 16, own=False), src, 16))
 
     def read_steps(self, slot, urs, wreg, xreg, sreg=None) -> None:
         """This lane's codes of steps ``urs`` of a ring slot into ``wreg[ur % len(wreg)]``, then (if
@@ -705,11 +734,11 @@ class _Kernel:
                 row = self.n0 + 16 * t + self.quad + 8 * r
                 with T.If(tirx.BufferLoad(self.S, [row, block]) == tirx.const(255, "uint8")):
                     with T.Then():
-                        for a, e in itertools.product(range(self.xt_n), (2 * r, 2 * r + 1)):
+                        for a, e in itertools.product(range(self.xt_w), (2 * r, 2 * r + 1)):
                             T.buffer_store(self.acc, nan, [t, a, e])
 
     def epilogue(self) -> None:
-        T, h, xt_n, tx, ty = self.T, self.h, self.xt_n, self.tx, self.ty
+        T, h, xt_n, tx, ty = self.T, self.h, self.xt_w, self.tx, self.ty
         tiles = list(itertools.product(range(h.nt), range(xt_n), range(4)))
         if h.stages:
             with T.If(tirx.BufferLoad(self.nan, [0]) != u32(0)):
@@ -720,7 +749,7 @@ class _Kernel:
                 val = tirx.ldexp(self.acc[t, a, e], self.out_exp[t, e // 2])
                 T.buffer_store(self.acc, val, [t, a, e])
         if h.kw > 1:
-            shape = (h.kw - 1, h.kn, h.nt, xt_n, 4, 32)
+            shape = (h.kw - 1, h.kn * h.mw, h.nt, xt_n, 4, 32)
             if h.stages:  # in the ring, once every warp is done with it
                 T.evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
                 red = T.decl_buffer(shape, "float32", data=self.ring.data, scope="shared.dyn")
@@ -738,7 +767,7 @@ class _Kernel:
                     total = tirx.BufferLoad(self.acc, [t, a, e])
                     for w_ in range(h.kw - 1):
                         total = total + tirx.BufferLoad(red, [w_, self.tz, t, a, e, tx])
-                    row = a * 8 + self.j * 2 + e % 2
+                    row = (self.my * xt_n + a) * 8 + self.j * 2 + e % 2
                     col = self.n0 + 16 * t + self.quad + 8 * (e // 2)
                     val = total if self.fold else total * tirx.const(pairs.out_factor(self.fmt), "float32")
                     if self.bias:

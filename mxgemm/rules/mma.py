@@ -15,7 +15,9 @@ from mxgemm.codegen import target as targets
 from mxgemm.codegen.mma import RING_SMEM, SMEM, STEP, Hints, kernel, smem_bytes
 from mxgemm.rules.base import Rule, Scheduled, cheapest, cuda_linear, preferred
 
-M_TILES = (1, 4, 16, 64, 128)  # M buckets this rule serves (128: only with activations in the ring, ``xs``)
+# M buckets this rule serves (128 and 256: only with activations in the ring, ``xs``; 256 with warps
+# splitting M, ``mw``)
+M_TILES = (1, 4, 16, 64, 128, 256)
 
 
 def fits(h: Hints, n: int, k: int) -> bool:
@@ -37,13 +39,14 @@ def valid(
     keeps the accumulators ≤ 64 registers and, with a ring, has one scale per step (and past 16
     rows, where the activations are loaded each iteration unless they ride the ring (``xs``), 4 steps
     and one warp a group: 8 would spill). ``xs`` only past 16 rows (up to 16 the activations always
-    ride the ring), and past 64 rows only ``xs``."""
-    if (h.xs and m_tile <= 16) or (m_tile > 64 and not h.xs):
+    ride the ring), and past 64 rows only ``xs``; ``mw`` warps split the M tile's n8 tiles evenly."""
+    xt_n = -(-m_tile // 8)
+    if (h.xs and m_tile <= 16) or (m_tile > 64 and not h.xs) or xt_n % h.mw:
         return False
     return (
         n % (16 * h.nt * h.kn) == 0
         and smem_fits(h, m_tile, fmt.bits, ring_smem)
-        and h.nt * -(-m_tile // 8) <= 16
+        and h.nt * xt_n // h.mw <= 16
         and not (h.stages and block_size != STEP)
         and not (m_tile > 16 and not h.xs and (h.unroll > 4 or h.kn > 1))
     )
@@ -54,11 +57,14 @@ def space(
 ) -> list[Hints]:
     """Every :func:`valid` hint set for N = ``n`` at ``m_tile`` rows (deterministic order)."""
     regs = itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4), (0,), (1,), (0,), (0, 1), (0,))
-    regs = (p + (0,) for p in regs)
+    regs = (p + (0, 1) for p in regs)
     rings = itertools.product(
-        (1, 2, 4, 8), (1, 2, 4, 8), (4, 8), (2, 3, 4), (1, 2, 4, 8), (0, 1), (0, 1), (0, 1), (0, 1)
+        (1, 2, 4, 8), (1, 2, 4, 8), (4, 8), (2, 3, 4), (1, 2, 4, 8), (0, 1), (0, 1), (0, 1), (0, 1), (1, 2, 4)
     )
-    hints = (Hints(*p) for p in itertools.chain(regs, rings) if p[1] * p[4] <= 16 and (p[7] or p[4] < 8))
+    rings = (p for p in rings if p[7] or p[9] == 1)  # mw: with xs
+    hints = (
+        Hints(*p) for p in itertools.chain(regs, rings) if p[1] * p[4] * p[9] <= 16 and (p[7] or p[4] < 8)
+    )
     return [h for h in hints if valid(h, n, m_tile, fmt, block_size, ring_smem)]
 
 
@@ -85,22 +91,27 @@ class Mma(Rule):
 
     def cost(self, spec: Any, h: Hints) -> float:
         """≈ 24 KB of weight loads in flight per SM (Little's law at HBM3 latency), the cross-warp
-        reduction, registers (accumulators grow with nt × the M tile, the register pipeline with
-        unroll), and what the H100 exploration measured (``benchmarks/README.md``): rings beat the
-        register pipeline, 8 steps a slot beat 4, and two stages are enough once a slot holds 8 steps."""
+        reduction, registers (accumulators grow with nt × the warp's share of the M tile, the
+        register pipeline with unroll), and what the H100 and H200 explorations measured
+        (``benchmarks/README.md``): rings beat the register pipeline, 8 steps a slot beat 4, two
+        stages are enough once a slot holds 8 steps, and folded scales pay from 64 rows."""
         bits, m_tile = formats.get(spec.fmt).bits, spec.m_bucket
         sms = targets.sm_count(spec.target["arch"])
         blocks = spec.n // (16 * h.nt * h.kn)
         warps = min(blocks * h.kw * h.kn, sms * 32)
         inflight = warps * 32 * 2 * bits * h.unroll * h.nt * max(1, h.stages - 1)
         starved = max(1.0, sms * 24 * 1024 / inflight)
-        waves = -(-blocks // (sms * max(1, 16 // (h.kw * h.kn))))
-        regs = 1.0 + (0.03 if h.xs else 0.1) * max(0, h.nt * -(-m_tile // 8) - 8)
+        waves = -(-blocks // (sms * max(1, 16 // (h.kw * h.kn * h.mw))))
+        regs = 1.0 + (0.03 if h.xs else 0.1) * max(0, h.nt * -(-m_tile // 8) // h.mw - 8)
         ring = 1.0 + 0.05 * (h.stages - 2) + 0.08 * (h.unroll == 4)
         measured = ring if h.stages else 1.15 + 0.05 * h.unroll
         # past 16 rows: activation bytes loaded per weight byte (a group of kn warps shares them with xs)
         acts = 0.0 if m_tile <= 16 else m_tile * 64 / (h.kn if h.xs else 1) / (h.nt * 64 * bits)
-        return starved * regs * measured * (1 + 0.02 * h.kw) * (1 + 0.05 * (waves > 1)) * (1 + 0.25 * acts)
+        # folded scales, measured on an H200 (tune-fold-*.md): 0.76-1.05x at 16 rows, 1.0-1.2x faster
+        # at 64, 1.2-2.0x at 128
+        fold = 1.0 if not h.fold else (1.05 if m_tile <= 16 else 0.9 if m_tile <= 64 else 0.75)
+        base = starved * regs * measured * (1 + 0.02 * h.kw) * (1 + 0.05 * (waves > 1))
+        return base * (1 + 0.25 * acts) * fold
 
     def twins(self, spec: Any, hints: Hints) -> list[Hints]:
         """``hints`` with the block scales folded (``fold``), where that is a candidate."""
