@@ -89,6 +89,12 @@ def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[s
                 raise TuneError(f"shape {n},{k}: k is not a multiple of {fmt}'s block size {f.block_size}")
             for m in ms:
                 op, bucket = plan(m, arch if cuda else "llvm", fmt, n, k, a_dtype, f.block_size)
+                decided = builder.m_bucket_for(m, "cuda") if cuda else None
+                if op == "decode" and decided in ops.DECIDED_BUCKETS:
+                    # decode + cuBLAS for want of a record: the fused rule against it, as a candidate
+                    fused = Task(fmt, n, k, decided, a_dtype, arch)
+                    if rules.rule_for(fused.spec()) is not None:
+                        op, bucket = "linear", decided
                 task = Task(fmt, n, k, bucket, a_dtype, arch)
                 if op == "decode" or rules.rule_for(task.spec()) is None:
                     path = (

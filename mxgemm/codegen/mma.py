@@ -1,7 +1,7 @@
 """The kernel of the ``mma`` rule (:mod:`mxgemm.rules.mma` picks its hints and when it applies):
 tensor cores fed from registers (``mma.sync.m16n8k16``) for fp16 or bf16 activations at small and
-mid M, the codes decoded two per integer op (:mod:`mxgemm.codegen.pairs`; bf16 pairs mostly need one
-more, an exact ``fma.rn.bf16x2``).
+mid M (up to 256 rows), the codes decoded two per integer op (:mod:`mxgemm.codegen.pairs`; bf16
+pairs mostly need one more, an exact ``fma.rn.bf16x2``).
 
 The kernel is written as low-level TensorIR (threads, registers, ``ptx_legacy.mma``), not scheduled
 from the prim_func, because the mma operand has to be *computed* in registers: no shared-memory
@@ -36,9 +36,20 @@ prefetches its first ring slots of codes and scales into L2, then waits for the 
 finish (``griddepcontrol.wait``) before it reads anything or writes Y. L2 is the GPU's point of
 coherence, so a prefetch of weights that the previous kernel is still writing is harmless.
 
-Grid: ``N / (16 nt kn)`` blocks of ``kw × kn`` warps; a warp owns ``nt`` 16-row weight tiles × the
-M tile (n8 tiles: the bucket, padded; rows ≥ M read zeros and are not stored) over ``1/kw`` of K;
-the ``kw`` warps of a column add up through shared memory.
+With ``Hints.fold`` (a ring) the block scales are folded into the decoded pairs where a warp's rows
+allow it (:func:`~mxgemm.codegen.pairs.fold`): a prologue scans the warp's scale codes (byte-wise
+max and min, the quad's lanes combined, one warp vote); when every row's codes lie within the
+format's exact range of the row's largest and none is NaN, each pair is multiplied by its row's
+power of two (one exact ``fma`` on the pair) and the mmas accumulate straight into the fp32
+accumulator, without the zeroed fragment and its 4 FMAs per n8 tile and step; each output is then
+brought to scale once (``ldexpf``). Otherwise the warp runs the plain loop. With ``Hints.mw`` (and
+``xs``) ``mw`` warps side by side in M share a column's weight tiles: the ring holds its codes and
+scales once, each warp multiplies them by ``1/mw`` of the M tile's n8 tiles, so a warp can hold more
+weight tiles for each activation fragment it reads from shared memory.
+
+Grid: ``N / (16 nt kn)`` blocks of ``kw × kn × mw`` warps; a warp owns ``nt`` 16-row weight tiles ×
+``1/mw`` of the M tile (n8 tiles: the bucket, padded; rows ≥ M read zeros and are not stored) over
+``1/kw`` of K; the ``kw`` warps of a column add up through shared memory.
 """
 
 from __future__ import annotations
