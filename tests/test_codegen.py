@@ -170,8 +170,8 @@ def test_cpu_kernel_exposes_llvm_source():
 @pytest.mark.nvcc
 @pytest.mark.parametrize("fmt", mxgemm.formats.names())
 def test_cuda_compiles_every_format(fmt):
-    """Small-M (ours), M=256 (dlight) and standalone-decode (ours) schedules are produced and nvcc
-    compiles them into a fatbin (no CUDA source left)."""
+    """Small-M and M=256 (ours: warps splitting M there), any M (dlight) and standalone-decode (ours)
+    schedules are produced and nvcc compiles them into a fatbin (no CUDA source left)."""
     bits0 = plane_widths(mxgemm.formats.get(fmt).bits)[0]
     tc_spec = KernelSpec(fmt, 256, 2048, 64, "float16", "float16", False, 32, targets.cuda("sm_90"))
     tc_hints = tensorcore.RULE.default_hints(tc_spec)
@@ -182,7 +182,8 @@ def test_cuda_compiles_every_format(fmt):
         (16, "bfloat16", "linear", "mma", None),  # bf16 mmas
         (64, "float16", "linear", "mma", None),
         (64, "float16", "linear", "tensorcore", tc_hints.to_dict()),  # tuned hints pick their rule
-        (256, "bfloat16", "linear", "dlight.", None),
+        (256, "bfloat16", "linear", "mma", None),
+        (None, "bfloat16", "linear", "dlight.", None),
         (None, "float16", "decode", "dequant", None),
     ):
         k = mxgemm.build(
