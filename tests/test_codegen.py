@@ -223,7 +223,7 @@ def test_cuda_rules_by_bucket():
     assert tuned.rule == "gemv" and "__launch_bounds__(64)" in tuned.source and "uint2" in tuned.source
     ragged = mxgemm.build("mxfp4", n=43, k=96, m_bucket=1, a_dtype="float16", target="sm_90")
     assert ragged.rule == "dlight.GEMV"  # N not a multiple of 8, K not of 32 x 32: dlight's GEMV
-    big = mxgemm.build("mxfp4", n=256, k=512, m_bucket=256, a_dtype="float16", target="sm_90")
+    big = mxgemm.build("mxfp4", n=256, k=512, m_bucket=None, a_dtype="float16", target="sm_90")
     assert big.rule == "dlight.Matmul" and "wmma" in big.source  # tensor cores for fp16
     sm80 = mxgemm.build("mxfp4", n=256, k=512, m_bucket=1, a_dtype="float16", target="sm_80")
     assert nvcc.FATBIN_MAGIC in sm80.path.read_bytes()
@@ -233,7 +233,7 @@ def test_routing_by_bucket_format_and_shape(monkeypatch):
     """One routing for `mxgemm.build` and `mxgemm tune` (`rules.rule_for`), and the M → kernel plan of
     `mxgemm.linear` (`ops.plan`), untuned: fp16 up to 64 rows runs the mma rule where it tiles the
     shape, except 8-bit codes at M=1 (gemv), and so does bf16; beyond 64 rows, decode + cuBLAS (the
-    128-row mma kernels run where the tune log says so: test_tune_log_decides_fused_or_decode)."""
+    128- and 256-row mma kernels run where the tune log says so: test_tune_log_decides_fused_or_decode)."""
     from mxgemm import ops, rules
 
     monkeypatch.setenv("MXGEMM_TUNED", "0")
@@ -253,9 +253,11 @@ def test_routing_by_bucket_format_and_shape(monkeypatch):
     assert routed("mxfp8_e4m3", 4096, 4096, 1, "bfloat16") == "gemv"
     assert routed("mxfp4", 4096, 4096, 16, "float16", 16) == "tensorcore"  # block 16: two scales a step
     assert routed("mxfp4", 4104, 4096, 1, "float16") == "gemv"  # N not a multiple of 16
-    assert routed("mxfp4", 4096, 4096, 256, "float16") is None  # dlight
+    assert routed("mxfp4", 4096, 4096, 256, "float16") == "mma"  # warps splitting M
+    assert routed("mxfp4", 4096, 4096, None, "float16") is None  # dlight
     plans = {
-        m: ops.plan(m, "sm_90", "mxfp4", 4096, 4096, "float16") for m in (1, 2, 5, 16, 17, 64, 65, 128, 129)
+        m: ops.plan(m, "sm_90", "mxfp4", 4096, 4096, "float16")
+        for m in (1, 2, 5, 16, 17, 64, 65, 128, 129, 256, 257)
     }
     assert plans == {
         1: ("linear", 1),
@@ -267,6 +269,8 @@ def test_routing_by_bucket_format_and_shape(monkeypatch):
         65: ("decode", None),
         128: ("decode", None),
         129: ("decode", None),
+        256: ("decode", None),
+        257: ("decode", None),
     }
     assert ops.plan(16, "sm_90", "mxfp4", 4096, 4096, "bfloat16") == ("linear", 16)
     assert ops.plan(65, "sm_90", "mxfp4", 4096, 4096, "bfloat16") == ("decode", None)
@@ -323,9 +327,31 @@ def test_tune_log_decides_fused_or_decode(monkeypatch, tmp_path):
         ops.plan.cache_clear()
 
 
-RING_HINTS = {"nt": 2, "kw": 4, "unroll": 8, "stages": 2, "kn": 1, "pdl": 0, "shl": 0, "xs": 0, "fold": 0}
+RING_HINTS = {
+    "nt": 2,
+    "kw": 4,
+    "unroll": 8,
+    "stages": 2,
+    "kn": 1,
+    "pdl": 0,
+    "shl": 0,
+    "xs": 0,
+    "fold": 0,
+    "mw": 1,
+}
 # 4 warps share activations
-SHARED_HINTS = {"nt": 1, "kw": 2, "unroll": 8, "stages": 2, "kn": 4, "pdl": 0, "shl": 0, "xs": 0, "fold": 0}
+SHARED_HINTS = {
+    "nt": 1,
+    "kw": 2,
+    "unroll": 8,
+    "stages": 2,
+    "kn": 4,
+    "pdl": 0,
+    "shl": 0,
+    "xs": 0,
+    "fold": 0,
+    "mw": 1,
+}
 
 
 def test_mma_ring_needs_block_32_scales():
@@ -362,7 +388,18 @@ def test_mma_ring_needs_block_32_scales():
         )  # fmt: skip
 
 
-XS_HINTS = {"nt": 2, "kw": 2, "unroll": 4, "stages": 3, "kn": 4, "pdl": 0, "shl": 0, "xs": 1, "fold": 0}
+XS_HINTS = {
+    "nt": 2,
+    "kw": 2,
+    "unroll": 4,
+    "stages": 3,
+    "kn": 4,
+    "pdl": 0,
+    "shl": 0,
+    "xs": 1,
+    "fold": 0,
+    "mw": 1,
+}
 
 
 def test_mma_xs_hints_are_checked():
@@ -448,7 +485,18 @@ def test_mma_hints_shape_the_kernel():
         hints={"nt": 2, "kw": 4, "unroll": 2},
         rule="mma",
     )
-    regs = {"nt": 2, "kw": 4, "unroll": 2, "stages": 0, "kn": 1, "pdl": 0, "shl": 0, "xs": 0, "fold": 0}
+    regs = {
+        "nt": 2,
+        "kw": 4,
+        "unroll": 2,
+        "stages": 0,
+        "kn": 1,
+        "pdl": 0,
+        "shl": 0,
+        "xs": 0,
+        "fold": 0,
+        "mw": 1,
+    }
     assert k.rule == "mma" and k.info["hints"] == regs
     # unroll × nt × (16 rows: 2 n8 tiles of activations) × 2 mmas, in the pipelined loop and after it
     assert "__launch_bounds__(128)" in k.source and k.source.count("mma.sync") == 2 * (2 * 2 * 2 * 2)
