@@ -55,7 +55,8 @@ def test_the_registry_names_every_rule():
         (_spec("mxfp4", 4096, 4096, 1, "float16"), {"mma", "gemv", "dlight"}),
         (_spec("mxfp4", 4096, 4096, 16, "float16"), {"mma", "gemv", "tensorcore", "dlight"}),
         (_spec("mxfp4", 4096, 4096, 64, "float16"), {"mma", "tensorcore", "dlight"}),
-        (_spec("mxfp4", 4096, 4096, 256, "float16"), {"dlight"}),
+        (_spec("mxfp4", 4096, 4096, 256, "float16"), {"mma", "dlight"}),  # mma: warps splitting M
+        (_spec("mxfp4", 4096, 4096, None, "float16"), {"dlight"}),
         (_spec("mxfp4", 4096, 4096, 16, "bfloat16"), {"mma", "gemv", "dlight"}),  # bf16 mma; tensorcore: fp16
         (_spec("mxfp4", 4096, 4096, 4, "float16", block_size=16), {"gemv", "dlight"}),  # 2 scales a step
         (_spec("mxfp4", 4104, 4096, 4, "float16"), {"gemv", "dlight"}),  # N not a multiple of 16
@@ -75,6 +76,7 @@ def test_the_registry_names_every_rule():
         "m16",
         "m64",
         "m256",
+        "m-any",
         "bf16",
         "block16",
         "ragged-n",
