@@ -26,7 +26,7 @@ _DTYPE_NAMES = {v: k for k, v in A_DTYPES.items()}  # torch.float16 -> "float16"
 FP16_MAX = 65504.0
 DECODE_ABOVE = 4  # CUDA, more rows than this: decode W in 16 bits, then cuBLAS (see `plan`)
 # CUDA M buckets where decode + cuBLAS competes with the fused kernel and the tune log decides (a
-# record of rule DECODE_RULE: decode + cuBLAS measured fastest); 128: fused only where a record says so
+# record of rule DECODE_RULE: decode + cuBLAS measured fastest); 128, 256: fused only where a record says so
 DECIDED_BUCKETS, FUSED_IF_TUNED = (64, 128, 256), (128, 256)
 DECODE_RULE = "dequant"  # the rule of the standalone decode kernel
 CPU_FUSED_UP_TO = 4  # CPU, up to this many rows: the few-row GEMV (cpu_gemv), where it tiles the shape
