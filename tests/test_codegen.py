@@ -15,6 +15,7 @@ from mxgemm.codegen import target as targets
 from mxgemm.codegen.build import KernelSpec
 from mxgemm.layout import plane_widths
 from mxgemm.rules import tensorcore
+from mxgemm.rules.mma import Hints as MmaHints
 
 
 def _script(func):
@@ -327,31 +328,9 @@ def test_tune_log_decides_fused_or_decode(monkeypatch, tmp_path):
         ops.plan.cache_clear()
 
 
-RING_HINTS = {
-    "nt": 2,
-    "kw": 4,
-    "unroll": 8,
-    "stages": 2,
-    "kn": 1,
-    "pdl": 0,
-    "shl": 0,
-    "xs": 0,
-    "fold": 0,
-    "mw": 1,
-}
+RING_HINTS = MmaHints(nt=2, kw=4, unroll=8, stages=2).to_dict()
 # 4 warps share activations
-SHARED_HINTS = {
-    "nt": 1,
-    "kw": 2,
-    "unroll": 8,
-    "stages": 2,
-    "kn": 4,
-    "pdl": 0,
-    "shl": 0,
-    "xs": 0,
-    "fold": 0,
-    "mw": 1,
-}
+SHARED_HINTS = MmaHints(nt=1, kw=2, unroll=8, stages=2, kn=4).to_dict()
 
 
 def test_mma_ring_needs_block_32_scales():
@@ -388,18 +367,7 @@ def test_mma_ring_needs_block_32_scales():
         )  # fmt: skip
 
 
-XS_HINTS = {
-    "nt": 2,
-    "kw": 2,
-    "unroll": 4,
-    "stages": 3,
-    "kn": 4,
-    "pdl": 0,
-    "shl": 0,
-    "xs": 1,
-    "fold": 0,
-    "mw": 1,
-}
+XS_HINTS = MmaHints(nt=2, kw=2, unroll=4, stages=3, kn=4, xs=1).to_dict()
 
 
 def test_mma_xs_hints_are_checked():
@@ -485,18 +453,7 @@ def test_mma_hints_shape_the_kernel():
         hints={"nt": 2, "kw": 4, "unroll": 2},
         rule="mma",
     )
-    regs = {
-        "nt": 2,
-        "kw": 4,
-        "unroll": 2,
-        "stages": 0,
-        "kn": 1,
-        "pdl": 0,
-        "shl": 0,
-        "xs": 0,
-        "fold": 0,
-        "mw": 1,
-    }
+    regs = MmaHints(nt=2, kw=4, unroll=2, stages=0).to_dict()
     assert k.rule == "mma" and k.info["hints"] == regs
     # unroll × nt × (16 rows: 2 n8 tiles of activations) × 2 mmas, in the pipelined loop and after it
     assert "__launch_bounds__(128)" in k.source and k.source.count("mma.sync") == 2 * (2 * 2 * 2 * 2)
