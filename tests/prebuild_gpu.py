@@ -93,16 +93,23 @@ def rule_cases(arch):
                 yield dict(fmt=fmt, n=GEMV_N, k=GEMV_K, a_dtype=dt, op="decode", target=arch)
 
 
-def xs_cases(arch):
-    """tests.test_linear's ``mma-xs`` cases (the ring that holds the activations past 16 rows) and
-    tests.test_tune's GPU test (decode + cuBLAS as a candidate)."""
+def _pinned_cases(arch, names):
+    """tests.test_linear's cases of the pinned ``mma`` variants ``names`` (``linear_cases.rule_kernel``):
+    every format, bias or not, fp16 and bf16, each variant's M values."""
     from tests.linear_cases import rule_kernel, rule_shape
 
     for fmt in FORMATS:
         for bias in (False, True):
             for dt in DTYPES:
-                for m in rule_shape("mma-xs")[2]:
-                    yield rule_kernel("mma-xs", fmt, dt, bias, m, arch)
+                for rule in names:
+                    for m in rule_shape(rule)[2]:
+                        yield rule_kernel(rule, fmt, dt, bias, m, arch)
+
+
+def xs_cases(arch):
+    """tests.test_linear's ``mma-xs`` cases (the ring that holds the activations past 16 rows) and
+    tests.test_tune's GPU test (decode + cuBLAS as a candidate)."""
+    yield from _pinned_cases(arch, ("mma-xs",))
     # tests.test_tune's decode candidate
     yield dict(fmt="mxfp4", n=256, k=2048, a_dtype="bfloat16", op="decode", target=arch)
 
@@ -110,14 +117,7 @@ def xs_cases(arch):
 def fold_cases(arch):
     """tests.test_linear's ``mma-fold`` and ``mma-mw`` cases (the block scales folded into the pairs,
     warps splitting M)."""
-    from tests.linear_cases import rule_kernel, rule_shape
-
-    for fmt in FORMATS:
-        for bias in (False, True):
-            for dt in DTYPES:
-                for rule in ("mma-fold", "mma-mw"):
-                    for m in rule_shape(rule)[2]:
-                        yield rule_kernel(rule, fmt, dt, bias, m, arch)
+    yield from _pinned_cases(arch, ("mma-fold", "mma-mw"))
 
 
 def act_cases(arch):
