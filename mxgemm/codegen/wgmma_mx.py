@@ -1,0 +1,280 @@
+"""MXFP8 × MXFP8 on Hopper's fp8 tensor cores (``wgmma.mma_async ... .e4m3.e4m3``, sm_90a).
+
+``Y = dequant(XA, XS) @ dequant(W, WS)^T``: activations and weights both OCP MX e4m3 with block-32
+E8M0 scales along K. Why wgmma and not ``mma.sync.m16n8k32.e4m3``: on sm_90 that instruction is
+emulated (the operands converted to fp16 and run at the fp16 ``mma.sync`` rate, about a third of
+wgmma's fp8 rate), so it cannot beat a bf16 GEMM.
+
+One scale block is one instruction: a warpgroup's ``m64n{bn}k32`` of step ``u`` writes a zeroed
+fp32 fragment, which is then promoted into the accumulator as ``acc += (tmp · 2^sw[n,u]) · 2^sa[m,u]``
+(two exact multiplies by powers of two, up to fp32 range; an FMUL and an FFMA per output). Two
+fragments alternate, so step ``u``'s promotion runs on the FP32 pipe while step ``u + 1``'s wgmma
+runs on the tensor cores (``wgmma.wait_group 1``). The FP32 work per output per step is the same
+issue time as the fp8 tensor work itself (both 1/128 clock per output per SM), so this exact
+per-block promotion bounds the kernel at about half of the fp8 peak, near the bf16 peak.
+
+Block: ``wg`` warpgroups (``64 wg`` rows of X) × ``bn`` columns of W, over K in stages of
+``bk`` (``bk / 32`` steps). A ``cp.async`` ring of ``stages`` slots, ``stages - 2`` in flight
+ahead: the slot refilled in iteration ``it`` was read by ``it - 2``, whose wgmmas every warpgroup
+has waited for (its first ``wait_group 1`` of ``it - 1``) before the barrier of ``it``. A slot
+holds, in wgmma's no-swizzle K-major layout (8-row × 16-byte core matrices, 128 contiguous bytes,
+the next in K 128 bytes on, the next 8 rows ``bk * 8`` bytes on): X's ``64 wg × bk`` codes, W's
+``bn × bk`` codes; then X's scale codes (``bk / 32`` bytes a row) and W's scales as float32
+(``[bk / 32, bn]``, converted once per weight: :func:`weight_scales`).
+
+Rows of X ≥ M are not copied (whatever the slot holds there only reaches rows that are not stored).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+from tvm import tirx
+
+from mxgemm.codegen.decode import scale_expr, u32
+
+STEP = 32  # K per wgmma (fp8): one scale block
+CORE = 128  # bytes of a core matrix: 8 rows × 16 bytes
+ARCH = "sm_90a"  # wgmma is an sm_90a feature
+# an empty asm that reads and writes 8 fragment registers: the compiler keeps their reads after the
+# wgmma.wait_group before it (TVM's noop barrier takes its register by value, so it fences nothing)
+FENCE8 = (
+    "__device__ __forceinline__ void mxgemm_fence8(float& a, float& b, float& c, float& d, float& e, "
+    "float& f, float& g, float& h) {\n"
+    '  asm volatile("" : "+f"(a), "+f"(b), "+f"(c), "+f"(d), "+f"(e), "+f"(f), "+f"(g), "+f"(h)'
+    ' :: "memory");\n'
+    "}\n"
+)
+
+
+@dataclass(frozen=True)
+class Hints:
+    """wg: consumer warpgroups per block (1, 2), each 64 rows of X; bn: W rows per block (64, 128;
+    the wgmma's N); bk: K per ring slot (128, 256: 4 or 8 scale bytes a row); stages: ring slots (3..6)."""
+
+    wg: int = 2
+    bn: int = 128
+    bk: int = 128
+    stages: int = 4
+
+    def __post_init__(self) -> None:
+        if self.wg not in (1, 2) or self.bn not in (64, 128) or self.bk not in (128, 256):
+            raise ValueError(f"wgmma_mx hints {self}: wg 1|2, bn 64|128, bk 128|256")
+        if not 3 <= self.stages <= 6:
+            raise ValueError(f"wgmma_mx hints {self}: stages 3..6")
+
+    @property
+    def bm(self) -> int:
+        return 64 * self.wg
+
+    def slot_bytes(self) -> tuple[int, int, int, int]:
+        """Byte offsets in a slot of W's codes, X's scales, W's scales, and the slot's size."""
+        w_off = self.bm * self.bk
+        xs_off = w_off + self.bn * self.bk
+        ws_off = xs_off + self.bm * (self.bk // STEP)
+        return w_off, xs_off, ws_off, ws_off + 4 * self.bn * (self.bk // STEP)
+
+    def smem(self) -> int:
+        return self.stages * self.slot_bytes()[3]
+
+
+def applies(n: int, k: int, h: Hints = Hints()) -> str | None:
+    """Why the kernel cannot run ``[*, k] @ [n, k]^T`` with ``h``, or None."""
+    if n % h.bn:
+        return f"N={n} is not a multiple of {h.bn}"
+    if k % h.bk:
+        return f"K={k} is not a multiple of {h.bk}"
+    return None
+
+
+def weight_scales(scales: torch.Tensor) -> torch.Tensor:
+    """uint8 E8M0 ``[n, k/32]`` → float32 ``[k/32, n]`` (``2^(c-127)``, code 255 NaN), the kernel's WS."""
+    c = scales.to(torch.int32).t().contiguous()
+    bits = (c << 23) | (((c == 0) | (c == 255)).to(torch.int32) << 22)
+    return bits.view(torch.float32)
+
+
+def kernel(*, n: int, k: int, out_dtype: str, bias: bool, hints: Hints = Hints()) -> tirx.PrimFunc:
+    """The kernel as a PrimFunc: XA ``uint8 [m, k]`` (e4m3 codes, m dynamic), XS ``uint8 [m, k/32]``
+    (E8M0), W ``uint8 [n, k]`` (e4m3 codes), WS ``float32 [k/32, n]`` (:func:`weight_scales`), Bias
+    ``out_dtype [n]`` (if ``bias``), Y ``out_dtype [m, n]``."""
+    why = applies(n, k, hints)
+    if why:
+        raise ValueError(f"wgmma_mx: {why}")
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder import tirx as T
+
+    with IRBuilder() as ib:
+        with T.prim_func():
+            _Kernel(T, n, k, out_dtype, bias, hints).emit()
+    return ib.get()
+
+
+class _Kernel:
+    def __init__(self, T, n, k, out_dtype, bias, h: Hints):  # noqa: N803
+        self.T, self.n, self.k, self.out_dtype, self.bias, self.h = T, n, k, out_dtype, bias, h
+        self.iters = k // h.bk
+        self.steps = h.bk // STEP  # wgmmas per slot
+        self.ahead = h.stages - 1
+        self.w_off, self.xs_off, self.ws_off, self.slot = h.slot_bytes()
+        self.frag = h.bn // 2  # fp32 registers of a thread's m64n{bn} fragment
+
+    def emit(self) -> None:
+        T, h, n, k = self.T, self.h, self.n, self.k
+        T.func_name("main")
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        m = tirx.Var("m", "int64")
+        self.m = m
+        handles = [T.arg(name, T.handle()) for name in ("XA", "XS", "W", "WS")]
+        bias_h = T.arg("Bias", T.handle()) if self.bias else None
+        y_h = T.arg("Y", T.handle())
+        self.XA = T.match_buffer(handles[0], (m, k), "uint8")
+        self.XS = T.match_buffer(handles[1], (m, k // STEP), "uint8")
+        self.W = T.match_buffer(handles[2], (n, k), "uint8")
+        self.WS = T.match_buffer(handles[3], (k // STEP, n), "float32")
+        self.Bias = T.match_buffer(bias_h, (n,), self.out_dtype) if self.bias else None
+        self.Y = T.match_buffer(y_h, (m, n), self.out_dtype)
+
+        bx, by, tx = T.env_thread("blockIdx.x"), T.env_thread("blockIdx.y"), T.env_thread("threadIdx.x")
+        m_tiles = tirx.Cast("int32", (m + (h.bm - 1)) // h.bm)
+        with T.launch_thread(bx, m_tiles), T.launch_thread(by, n // h.bn), T.launch_thread(tx, 128 * h.wg):
+            self.tx, self.m0, self.n0 = tx, tirx.Cast("int64", bx) * h.bm, by * h.bn
+            self.wg, self.warp, self.lane = tx // 128, tx % 128 // 32, tx % 32
+            self.ring = T.alloc_buffer((h.smem() // 16,), "uint32x4", scope="shared.dyn")
+            self.acc = T.alloc_buffer((self.frag,), "float32", scope="local")
+            self.tmp = T.alloc_buffer((self.frag,), "float32", scope="local")
+            self.desc = T.alloc_buffer((2,), "uint64", scope="local")
+            for i in range(self.frag):
+                T.buffer_store(self.acc, tirx.const(0.0, "float32"), [i])
+            self.loop()
+            self.epilogue()
+
+    # ---- shared memory ------------------------------------------------------------------------
+
+    def _addr(self, slot, byte):
+        """Shared-state address (uint32) of byte ``byte`` of ring slot ``slot``."""
+        T = self.T
+        base = T.cuda.cvta_generic_to_shared(T.address_of(self.ring[0]))
+        return base + tirx.Cast("uint32", slot * self.slot + byte)
+
+    def issue(self, it, slot) -> None:
+        """``cp.async`` of iteration ``it``'s codes and scales into ``slot`` (every thread a share)."""
+        T, h, tx = self.T, self.h, self.tx
+        cp16 = T.ptx["cp.async.cg.shared.global"]
+        threads = 128 * h.wg
+        k0 = it * h.bk
+        kc = h.bk // 16  # 16-byte chunks of a row
+        # codes: chunk i of a tile lands at 16 i: row 8 (i / (8 kc)) + i % 8, chunk i / 8 % kc
+        for part, rows, off in (("x", h.bm, 0), ("w", h.bn, self.w_off)):
+            for r in range(rows * kc // threads):
+                i = tx + threads * r
+                row, c = 8 * (i // (8 * kc)) + i % 8, i // 8 % kc
+                dst = self._addr(slot, off + 16 * i)
+                if part == "w":
+                    T.evaluate(cp16(dst, self.W.ptr_to([self.n0 + row, k0 + 16 * c]), 16))
+                else:
+                    with T.If(tirx.Cast("int64", self.m0 + row) < self.m):
+                        with T.Then():
+                            T.evaluate(cp16(dst, self.XA.ptr_to([self.m0 + row, k0 + 16 * c]), 16))
+        # X's scale codes: bk/32 bytes a row (4, 8 or 16 bytes: one copy each)
+        sb = h.bk // STEP
+        cp_s = T.ptx["cp.async.ca.shared.global"] if sb < 16 else cp16
+        with T.If(tirx.And(tx < h.bm, tirx.Cast("int64", self.m0 + tx) < self.m)):
+            with T.Then():
+                src = self.XS.ptr_to([self.m0 + tx, it * sb])
+                T.evaluate(cp_s(self._addr(slot, self.xs_off + sb * tx), src, sb))
+        # W's float scales: bk/32 rows of bn floats
+        chunks = sb * h.bn // 4
+        for r in range(-(-chunks // threads)):
+            i = tx + threads * r
+            row, c = i // (h.bn // 4), i % (h.bn // 4)
+            with T.If(i < chunks):
+                with T.Then():
+                    src = self.WS.ptr_to([it * sb + row, self.n0 + 4 * c])
+                    T.evaluate(cp16(self._addr(slot, self.ws_off + 16 * i), src, 16))
+
+    # ---- the K loop ---------------------------------------------------------------------------
+
+    def _desc(self, which: int, start) -> tirx.PrimExpr:
+        """wgmma matrix descriptor (no swizzle, K-major) of a tile at shared address ``start``:
+        leading (K) byte offset one core matrix, stride (8 rows) ``bk * 8`` bytes."""
+        lbo, sbo = CORE // 16, self.h.bk * 8 // 16
+        const = (lbo << 16) | (sbo << 32)
+        addr = tirx.Cast("uint64", (start & u32(0x3FFFF)) >> u32(4))
+        self.T.buffer_store(self.desc, addr | tirx.const(const, "uint64"), [which])
+        return tirx.BufferLoad(self.desc, [which])
+
+    def mma(self, slot, u) -> None:
+        """This warpgroup's wgmma of step ``u`` of ``slot`` into :attr:`tmp` (overwritten)."""
+        T, h = self.T, self.h
+        a = self._desc(0, self._addr(slot, self.wg * 64 * h.bk + u * 2 * CORE))
+        b = self._desc(1, self._addr(slot, self.w_off + u * 2 * CORE))
+        T.evaluate(T.ptx.wgmma.fence.sync.aligned())
+        op = T.ptx[f"wgmma.mma_async.sync.aligned.m64n{h.bn}k32.f32.e4m3.e4m3"]
+        regs = [tirx.BufferLoad(self.tmp, [i]) for i in range(self.frag)]
+        T.evaluate(op(*regs, a, b, tirx.const(False, "bool"), 1, 1))
+        T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
+
+    def promote(self, slot, u) -> None:
+        """``acc += tmp · 2^sw · 2^sa`` with step ``u`` of ``slot``'s scales, once the wgmma that wrote
+        :attr:`tmp` is done (``wait_group`` before; the empty asm keeps the compiler's reads of the
+        fragment after it)."""
+        T, h = self.T, self.h
+        for i in range(0, self.frag, 8):
+            regs = [tirx.BufferLoad(self.tmp, [i + r]) for r in range(8)]
+            T.evaluate(T.cuda.func_call("mxgemm_fence8", *regs, source_code=FENCE8))
+        sb = h.bk // STEP
+        q, quad = self.lane % 4, self.lane // 4
+        ld = T.ptx.ld.shared
+        codes = T.alloc_buffer((2,), "uint32", scope="local")
+        sw = T.alloc_buffer((h.bn // 8, 2), "uint32", scope="local")
+        sav = T.alloc_buffer((2,), "float32", scope="local")
+        for i in range(2):
+            row = self.wg * 64 + self.warp * 16 + quad + 8 * i
+            T.evaluate(ld.u8(codes[i], self._addr(slot, self.xs_off + row * sb + u)))
+            T.buffer_store(sav, scale_expr(tirx.BufferLoad(codes, [i])), [i])
+        for j in range(h.bn // 8):
+            addr = self._addr(slot, self.ws_off + 4 * (u * h.bn + 8 * j + 2 * q))
+            T.evaluate(ld.v2.b32(sw[j, 0], sw[j, 1], addr))
+        for j, c in itertools.product(range(h.bn // 8), range(2)):
+            scale = tirx.reinterpret("float32", tirx.BufferLoad(sw, [j, c]))
+            for i in range(2):
+                idx = 4 * j + 2 * i + c
+                part = tirx.BufferLoad(self.tmp, [idx]) * scale
+                val = tirx.BufferLoad(self.acc, [idx]) + part * tirx.BufferLoad(sav, [i])
+                T.buffer_store(self.acc, val, [idx])
+
+    def loop(self) -> None:
+        T, h = self.T, self.h
+        commit = T.ptx["cp.async.commit_group"]
+        for s in range(self.ahead):
+            if s < self.iters:
+                self.issue(s, s)
+            T.evaluate(commit())
+        with T.serial(0, self.iters) as it:
+            slot = it % h.stages
+            T.evaluate(T.ptx["cp.async.wait_group"](self.ahead - 1))
+            T.evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
+            with T.If(it + self.ahead < self.iters):
+                with T.Then():
+                    self.issue(it + self.ahead, (it + self.ahead) % h.stages)
+            T.evaluate(commit())
+            for u in range(self.steps):
+                self.mma(slot, u)
+                T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+                self.promote(slot, u)
+
+    def epilogue(self) -> None:
+        T, h = self.T, self.h
+        q, quad = self.lane % 4, self.lane // 4
+        for j, i, c in itertools.product(range(h.bn // 8), range(2), range(2)):
+            row = self.m0 + self.wg * 64 + self.warp * 16 + quad + 8 * i
+            col = self.n0 + 8 * j + 2 * q + c
+            val = tirx.BufferLoad(self.acc, [4 * j + 2 * i + c])
+            if self.bias:
+                val = val + tirx.Cast("float32", tirx.BufferLoad(self.Bias, [col]))
+            with T.If(tirx.Cast("int64", row) < self.m):
+                with T.Then():
+                    T.buffer_store(self.Y, tirx.Cast(self.out_dtype, val), [row, col])
