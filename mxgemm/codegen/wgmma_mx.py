@@ -13,14 +13,14 @@ runs on the tensor cores (``wgmma.wait_group 1``). The FP32 work per output per 
 issue time as the fp8 tensor work itself (both 1/128 clock per output per SM), so this exact
 per-block promotion bounds the kernel at about half of the fp8 peak, near the bf16 peak.
 
-Block: ``wg`` warpgroups (``64 wg`` rows of X) × ``bn`` columns of W, over K in stages of
-``bk`` (``bk / 32`` steps). A ``cp.async`` ring of ``stages`` slots, ``stages - 2`` in flight
-ahead: the slot refilled in iteration ``it`` was read by ``it - 2``, whose wgmmas every warpgroup
-has waited for (its first ``wait_group 1`` of ``it - 1``) before the barrier of ``it``. A slot
-holds, in wgmma's no-swizzle K-major layout (8-row × 16-byte core matrices, 128 contiguous bytes,
-the next in K 128 bytes on, the next 8 rows ``bk * 8`` bytes on): X's ``64 wg × bk`` codes, W's
-``bn × bk`` codes; then X's scale codes (``bk / 32`` bytes a row) and W's scales as float32
-(``[bk / 32, bn]``, converted once per weight: :func:`weight_scales`).
+Block: ``wg`` warpgroups (``64 wg`` rows of X) × ``bn`` columns of W, over K in slots of 128 (4
+steps). A ``cp.async`` ring of ``stages`` slots, ``stages - 1`` in flight ahead; every wgmma is
+waited for before its promotion, so the barrier of iteration ``it`` also frees the slot of
+``it - 1`` for refilling. A slot holds X's ``64 wg × 128`` codes and W's ``bn × 128`` codes in
+wgmma's 128-byte-swizzled K-major layout (a row's 128 bytes contiguous, its 16-byte chunk ``c`` at
+``c ^ (row % 8)``: coalesced global reads, conflict-free shared writes and wgmma reads), then X's
+scale codes (4 bytes a row) and W's scales as float32 (``[4, bn]``, converted once per weight:
+:func:`weight_scales`); slots are 1024-byte aligned (the swizzle atom).
 
 Rows of X ≥ M are not copied (whatever the slot holds there only reaches rows that are not stored).
 """
@@ -36,8 +36,9 @@ from tvm import tirx
 from mxgemm.codegen.decode import scale_expr, u32
 
 STEP = 32  # K per wgmma (fp8): one scale block
-CORE = 128  # bytes of a core matrix: 8 rows × 16 bytes
+BK = 128  # K per ring slot: one 128-byte swizzle row of fp8 codes, 4 steps
 ARCH = "sm_90a"  # wgmma is an sm_90a feature
+SMEM_MAX = 227 * 1024  # dynamic shared memory of one block on sm_90
 # an empty asm that reads and writes 8 fragment registers: the compiler keeps their reads after the
 # wgmma.wait_group before it (TVM's noop barrier takes its register by value, so it fences nothing)
 FENCE8 = (
@@ -51,19 +52,18 @@ FENCE8 = (
 
 @dataclass(frozen=True)
 class Hints:
-    """wg: consumer warpgroups per block (1, 2), each 64 rows of X; bn: W rows per block (64, 128;
-    the wgmma's N); bk: K per ring slot (128, 256: 4 or 8 scale bytes a row); stages: ring slots (3..6)."""
+    """wg: consumer warpgroups per block (1, 2, 3), each 64 rows of X; bn: W rows per block, the
+    wgmma's N (64, 128); stages: ring slots (2..6)."""
 
     wg: int = 2
     bn: int = 128
-    bk: int = 128
     stages: int = 4
 
     def __post_init__(self) -> None:
-        if self.wg not in (1, 2) or self.bn not in (64, 128) or self.bk not in (128, 256):
-            raise ValueError(f"wgmma_mx hints {self}: wg 1|2, bn 64|128, bk 128|256")
-        if not 3 <= self.stages <= 6:
-            raise ValueError(f"wgmma_mx hints {self}: stages 3..6")
+        if self.wg not in (1, 2, 3) or self.bn not in (64, 128) or not 2 <= self.stages <= 6:
+            raise ValueError(f"wgmma_mx hints {self}: wg 1|2|3, bn 64|128, stages 2..6")
+        if self.smem() > SMEM_MAX:
+            raise ValueError(f"wgmma_mx hints {self}: a {self.smem()}-byte ring is over {SMEM_MAX}")
 
     @property
     def bm(self) -> int:
@@ -71,10 +71,10 @@ class Hints:
 
     def slot_bytes(self) -> tuple[int, int, int, int]:
         """Byte offsets in a slot of W's codes, X's scales, W's scales, and the slot's size."""
-        w_off = self.bm * self.bk
-        xs_off = w_off + self.bn * self.bk
-        ws_off = xs_off + self.bm * (self.bk // STEP)
-        return w_off, xs_off, ws_off, ws_off + 4 * self.bn * (self.bk // STEP)
+        w_off = self.bm * BK
+        xs_off = w_off + self.bn * BK
+        ws_off = xs_off + self.bm * (BK // STEP)
+        return w_off, xs_off, ws_off, -(-(ws_off + 4 * self.bn * (BK // STEP)) // 1024) * 1024
 
     def smem(self) -> int:
         return self.stages * self.slot_bytes()[3]
@@ -84,8 +84,8 @@ def applies(n: int, k: int, h: Hints = Hints()) -> str | None:
     """Why the kernel cannot run ``[*, k] @ [n, k]^T`` with ``h``, or None."""
     if n % h.bn:
         return f"N={n} is not a multiple of {h.bn}"
-    if k % h.bk:
-        return f"K={k} is not a multiple of {h.bk}"
+    if k % BK:
+        return f"K={k} is not a multiple of {BK}"
     return None
 
 
@@ -115,8 +115,8 @@ def kernel(*, n: int, k: int, out_dtype: str, bias: bool, hints: Hints = Hints()
 class _Kernel:
     def __init__(self, T, n, k, out_dtype, bias, h: Hints):  # noqa: N803
         self.T, self.n, self.k, self.out_dtype, self.bias, self.h = T, n, k, out_dtype, bias, h
-        self.iters = k // h.bk
-        self.steps = h.bk // STEP  # wgmmas per slot
+        self.iters = k // BK
+        self.steps = BK // STEP  # wgmmas per slot
         self.ahead = h.stages - 1
         self.w_off, self.xs_off, self.ws_off, self.slot = h.slot_bytes()
         self.frag = h.bn // 2  # fp32 registers of a thread's m64n{bn} fragment
@@ -154,54 +154,66 @@ class _Kernel:
     # ---- shared memory ------------------------------------------------------------------------
 
     def _addr(self, slot, byte):
-        """Shared-state address (uint32) of byte ``byte`` of ring slot ``slot``."""
+        """Shared-state address (uint32) of byte ``byte`` of ring slot ``slot`` (through the ring's
+        16-byte element that holds it: an access TVM sees, so the allocation keeps its size)."""
         T = self.T
-        base = T.cuda.cvta_generic_to_shared(T.address_of(self.ring[0]))
-        return base + tirx.Cast("uint32", slot * self.slot + byte)
+        at = slot * self.slot + byte
+        addr = T.cuda.cvta_generic_to_shared(T.address_of(self.ring[at // 16]))
+        rem = at % 16
+        return addr if isinstance(rem, int) and rem == 0 else addr + tirx.Cast("uint32", rem)
 
     def issue(self, it, slot) -> None:
         """``cp.async`` of iteration ``it``'s codes and scales into ``slot`` (every thread a share)."""
         T, h, tx = self.T, self.h, self.tx
         cp16 = T.ptx["cp.async.cg.shared.global"]
         threads = 128 * h.wg
-        k0 = it * h.bk
-        kc = h.bk // 16  # 16-byte chunks of a row
-        # codes: chunk i of a tile lands at 16 i: row 8 (i / (8 kc)) + i % 8, chunk i / 8 % kc
+        k0 = it * BK
+        # codes: 16-byte chunk i is row i / 8, chunk i % 8 (8 lanes read a row's 128 bytes), stored
+        # at chunk (i % 8) ^ (row % 8) of the row
         for part, rows, off in (("x", h.bm, 0), ("w", h.bn, self.w_off)):
-            for r in range(rows * kc // threads):
+            for r in range(-(-rows * 8 // threads)):
                 i = tx + threads * r
-                row, c = 8 * (i // (8 * kc)) + i % 8, i // 8 % kc
-                dst = self._addr(slot, off + 16 * i)
+                row, c = i // 8, i % 8
+                dst = self._addr(slot, off + row * BK + tirx.bitwise_xor(c, row % 8) * 16)
+                conds = [i < rows * 8] if rows * 8 < threads * (r + 1) else []
                 if part == "w":
-                    T.evaluate(cp16(dst, self.W.ptr_to([self.n0 + row, k0 + 16 * c]), 16))
+                    copy = cp16(dst, self.W.ptr_to([self.n0 + row, k0 + 16 * c]), 16)
                 else:
-                    with T.If(tirx.Cast("int64", self.m0 + row) < self.m):
-                        with T.Then():
-                            T.evaluate(cp16(dst, self.XA.ptr_to([self.m0 + row, k0 + 16 * c]), 16))
-        # X's scale codes: bk/32 bytes a row (4, 8 or 16 bytes: one copy each)
-        sb = h.bk // STEP
-        cp_s = T.ptx["cp.async.ca.shared.global"] if sb < 16 else cp16
-        with T.If(tirx.And(tx < h.bm, tirx.Cast("int64", self.m0 + tx) < self.m)):
-            with T.Then():
-                src = self.XS.ptr_to([self.m0 + tx, it * sb])
-                T.evaluate(cp_s(self._addr(slot, self.xs_off + sb * tx), src, sb))
-        # W's float scales: bk/32 rows of bn floats
+                    conds.append(self.m0 + row < self.m)
+                    copy = cp16(dst, self.XA.ptr_to([self.m0 + row, k0 + 16 * c]), 16)
+                self._when(conds, copy)
+        # X's scale codes: 4 bytes a row
+        sb = BK // STEP
+        src = self.XS.ptr_to([self.m0 + tx, it * sb])
+        copy = T.ptx["cp.async.ca.shared.global"](self._addr(slot, self.xs_off + sb * tx), src, sb)
+        self._when([tx < h.bm, self.m0 + tx < self.m], copy)
+        # W's float scales: 4 rows of bn floats
         chunks = sb * h.bn // 4
         for r in range(-(-chunks // threads)):
             i = tx + threads * r
             row, c = i // (h.bn // 4), i % (h.bn // 4)
-            with T.If(i < chunks):
-                with T.Then():
-                    src = self.WS.ptr_to([it * sb + row, self.n0 + 4 * c])
-                    T.evaluate(cp16(self._addr(slot, self.ws_off + 16 * i), src, 16))
+            src = self.WS.ptr_to([it * sb + row, self.n0 + 4 * c])
+            conds = [i < chunks] if chunks < threads * (r + 1) else []
+            self._when(conds, cp16(self._addr(slot, self.ws_off + 16 * i), src, 16))
+
+    def _when(self, conds, stmt) -> None:
+        T = self.T
+        if not conds:
+            T.evaluate(stmt)
+            return
+        cond = conds[0]
+        for c in conds[1:]:
+            cond = tirx.And(cond, c)
+        with T.If(cond):
+            with T.Then():
+                T.evaluate(stmt)
 
     # ---- the K loop ---------------------------------------------------------------------------
 
     def _desc(self, which: int, start) -> tirx.PrimExpr:
-        """wgmma matrix descriptor (no swizzle, K-major) of a tile at shared address ``start``:
-        leading (K) byte offset one core matrix, stride (8 rows) ``bk * 8`` bytes."""
-        lbo, sbo = CORE // 16, self.h.bk * 8 // 16
-        const = (lbo << 16) | (sbo << 32)
+        """wgmma matrix descriptor of a 128-byte-swizzled K-major tile from shared address
+        ``start``: 8-row groups 1024 bytes apart (stride), the leading offset unused (1)."""
+        const = (1 << 16) | ((1024 // 16) << 32) | (1 << 62)
         addr = tirx.Cast("uint64", (start & u32(0x3FFFF)) >> u32(4))
         self.T.buffer_store(self.desc, addr | tirx.const(const, "uint64"), [which])
         return tirx.BufferLoad(self.desc, [which])
@@ -209,8 +221,8 @@ class _Kernel:
     def mma(self, slot, u) -> None:
         """This warpgroup's wgmma of step ``u`` of ``slot`` into :attr:`tmp` (overwritten)."""
         T, h = self.T, self.h
-        a = self._desc(0, self._addr(slot, self.wg * 64 * h.bk + u * 2 * CORE))
-        b = self._desc(1, self._addr(slot, self.w_off + u * 2 * CORE))
+        a = self._desc(0, self._addr(slot, self.wg * 64 * BK + u * STEP))
+        b = self._desc(1, self._addr(slot, self.w_off + u * STEP))
         T.evaluate(T.ptx.wgmma.fence.sync.aligned())
         op = T.ptx[f"wgmma.mma_async.sync.aligned.m64n{h.bn}k32.f32.e4m3.e4m3"]
         regs = [tirx.BufferLoad(self.tmp, [i]) for i in range(self.frag)]
@@ -225,7 +237,7 @@ class _Kernel:
         for i in range(0, self.frag, 8):
             regs = [tirx.BufferLoad(self.tmp, [i + r]) for r in range(8)]
             T.evaluate(T.cuda.func_call("mxgemm_fence8", *regs, source_code=FENCE8))
-        sb = h.bk // STEP
+        sb = BK // STEP
         q, quad = self.lane % 4, self.lane // 4
         ld = T.ptx.ld.shared
         codes = T.alloc_buffer((2,), "uint32", scope="local")
