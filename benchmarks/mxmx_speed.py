@@ -27,17 +27,17 @@ from mxgemm.codegen import wgmma_mx
 SHAPES = [(8192, 8192), (28672, 8192), (8192, 28672)]  # (N, K)
 CHECK = (256, 1024, 300)  # N, K, M: M not a multiple of the block rows
 HINTS = [
-    wgmma_mx.Hints(2, 128, 4),
-    wgmma_mx.Hints(2, 128, 3),
-    wgmma_mx.Hints(3, 128, 4),
-    wgmma_mx.Hints(3, 128, 3),
-    wgmma_mx.Hints(1, 128, 4),
-    wgmma_mx.Hints(3, 64, 4),
+    wgmma_mx.Hints(2, 128, 4, 1),
+    wgmma_mx.Hints(2, 128, 4, 2),
+    wgmma_mx.Hints(1, 128, 4, 2),
+    wgmma_mx.Hints(2, 64, 4, 4),
+    wgmma_mx.Hints(2, 64, 4, 2),
+    wgmma_mx.Hints(3, 64, 4, 2),
 ]
 
 
 def _name(n, k, h, out_dtype, bias):
-    return f"n{n}_k{k}_wg{h.wg}_bn{h.bn}_s{h.stages}_{out_dtype}{'_bias' if bias else ''}"
+    return f"n{n}_k{k}_wg{h.wg}_bn{h.bn}_s{h.stages}_b{h.batch}_{out_dtype}{'_bias' if bias else ''}"
 
 
 def build(out: Path) -> None:

@@ -9,7 +9,12 @@ blocks always run along the axis they were made on. Products:
   (MxTensor × MxTensor included);
 - ``F.linear(x, w)`` / ``x @ w.t()`` with a plain float16/bfloat16 ``x`` and a 2-D MxTensor ``w``
   quantized along K run the generated kernels through :func:`mxgemm.linear` (the custom op
-  ``mxgemm::linear`` when traced): the same values up to the order of the float32 sums.
+  ``mxgemm::linear`` when traced): the same values up to the order of the float32 sums;
+- ``X @ W.t()`` (``mm``, and ``addmm`` with a bias of the result's dtype) of two 2-D mxfp8_e4m3
+  MxTensors with block-32 scales along K, on a Hopper GPU, runs on its fp8 tensor cores
+  (:func:`mxgemm.codegen.wgmma_mx.matmul`; the custom op ``mxgemm::fp8_matmul`` when traced): the
+  emulation's values up to the order of the float32 sums (each 32-wide block's sum is the tensor
+  cores').
 
 Every other op sees the dequantized tensor (in the MxTensor's dtype) and returns plain tensors. The
 class is a traceable wrapper subclass: it works under ``torch.compile(fullgraph=True)`` and as an
@@ -249,12 +254,36 @@ def _kernel_weight(a, b) -> MxWeight | None:
     return b.q
 
 
+def _fp8_pair(a, b) -> tuple[MxWeight, MxWeight] | None:
+    """(X, W) when ``a @ b`` is ``X @ W.T`` that :func:`mxgemm.codegen.wgmma_mx.matmul` computes: both
+    2-D mxfp8_e4m3 MxTensors with block-32 scales along K on one Hopper GPU, ``b`` the transpose of W."""
+    if not (isinstance(a, MxTensor) and isinstance(b, MxTensor)) or a.dim() != 2 or b.dim() != 2:
+        return None
+    if a.perm != (0, 1) or b.perm != (1, 0) or a.device != b.device or a.device.type != "cuda":
+        return None
+    from mxgemm.codegen import wgmma_mx
+
+    for q in (a.q, b.q):
+        if formats.get(q.fmt).name != wgmma_mx.FORMAT or q.block_size != wgmma_mx.BLOCK:
+            return None
+    n, k = b.q.shape
+    if n % 64 or wgmma_mx.applies(n, k, wgmma_mx.hints_for(n)) or not wgmma_mx.device_ok(a.device):
+        return None
+    return a.q, b.q
+
+
 def _mm(a, b):
     q = _kernel_weight(a, b)
     if q is not None:
         from mxgemm import ops
 
         return ops.linear(a, q)
+    pair = _fp8_pair(a, b)
+    if pair is not None:
+        from mxgemm.codegen import wgmma_mx
+
+        (x, w), dt = pair, _result_dtype(a, b)
+        return wgmma_mx.op(x.blocks, x.scales, w.blocks, w.scales, dt)
     return torch.mm(_dense(a), _dense(b)).to(_result_dtype(a, b))
 
 
@@ -269,6 +298,14 @@ def _addmm(bias, a, b, *, beta=1, alpha=1):
             from mxgemm import ops
 
             return ops.linear(a, q, bias)
+    pair = _fp8_pair(a, b)
+    dt = _result_dtype(bias, a, b)
+    if pair is not None and beta == 1 and alpha == 1 and not isinstance(bias, MxTensor):
+        if bias.dtype == dt and bias.dim() == 1 and bias.shape[0] == b.shape[1]:
+            from mxgemm.codegen import wgmma_mx
+
+            x, w = pair
+            return wgmma_mx.op(x.blocks, x.scales, w.blocks, w.scales, dt, bias)
     out = torch.addmm(_dense(bias), _dense(a), _dense(b), beta=beta, alpha=alpha)
     return out.to(_result_dtype(bias, a, b))
 

@@ -28,7 +28,10 @@ Rows of X ≥ M are not copied (whatever the slot holds there only reaches rows 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 from tvm import tirx
@@ -39,6 +42,7 @@ STEP = 32  # K per wgmma (fp8): one scale block
 BK = 128  # K per ring slot: one 128-byte swizzle row of fp8 codes, 4 steps
 ARCH = "sm_90a"  # wgmma is an sm_90a feature
 SMEM_MAX = 227 * 1024  # dynamic shared memory of one block on sm_90
+REG_SPARE = 40  # registers a thread needs besides its fragments
 # an empty asm that reads and writes 8 fragment registers: the compiler keeps their reads after the
 # wgmma.wait_group before it (TVM's noop barrier takes its register by value, so it fences nothing)
 FENCE8 = (
@@ -53,15 +57,24 @@ FENCE8 = (
 @dataclass(frozen=True)
 class Hints:
     """wg: consumer warpgroups per block (1, 2, 3), each 64 rows of X; bn: W rows per block, the
-    wgmma's N (64, 128); stages: ring slots (2..6)."""
+    wgmma's N (64, 128); stages: ring slots (2..6); batch: wgmmas issued together (1, 2, 4), each
+    into its own fragment, each promoted as soon as it is done while the later ones run."""
 
     wg: int = 2
     bn: int = 128
     stages: int = 4
+    batch: int = 2
 
     def __post_init__(self) -> None:
         if self.wg not in (1, 2, 3) or self.bn not in (64, 128) or not 2 <= self.stages <= 6:
             raise ValueError(f"wgmma_mx hints {self}: wg 1|2|3, bn 64|128, stages 2..6")
+        if self.batch not in (1, 2, 4):
+            raise ValueError(f"wgmma_mx hints {self}: batch 1|2|4")
+        if ((self.batch + 1) * self.bn // 2 + REG_SPARE) * 128 * self.wg > 65536:
+            raise ValueError(
+                f"wgmma_mx hints {self}: {self.batch + 1} fragments of {self.bn // 2} "
+                f"registers do not fit {self.wg} warpgroups"
+            )
         if self.smem() > SMEM_MAX:
             raise ValueError(f"wgmma_mx hints {self}: a {self.smem()}-byte ring is over {SMEM_MAX}")
 
@@ -86,6 +99,141 @@ def applies(n: int, k: int, h: Hints = Hints()) -> str | None:
         return f"N={n} is not a multiple of {h.bn}"
     if k % BK:
         return f"K={k} is not a multiple of {BK}"
+    return None
+
+
+DEFAULT = Hints()  # 2 warpgroups × 128 columns, 4 slots, wgmmas in pairs: the fastest at M ≥ 1024 (H200)
+TARGET = {"kind": "cuda", "arch": ARCH}
+FORMAT = "mxfp8_e4m3"  # both operands
+BLOCK = STEP  # their block size
+OUT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def hints_for(n: int) -> Hints:
+    """:data:`DEFAULT`, or 64 columns a block where N is a multiple of 64 but not of 128."""
+    return DEFAULT if n % DEFAULT.bn == 0 else Hints(DEFAULT.wg, 64, DEFAULT.stages, 4)
+
+
+def device_ok(device: torch.device) -> bool:
+    """Whether ``device`` runs the kernel: a CUDA device of compute capability 9.0 (sm_90a code runs
+    on Hopper alone)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+
+
+_kernels: dict[tuple, Any] = {}
+_lock = threading.Lock()
+
+
+def compiled(n: int, k: int, out_dtype: str, bias: bool, hints: Hints | None = None):
+    """The kernel for ``[*, k] @ [n, k]^T`` (called ``f(XA, XS, W, WS, [Bias], Y)``, :func:`kernel`'s
+    arguments), built once into the kernel cache."""
+    from mxgemm.codegen import build as builder
+    from mxgemm.codegen import cache
+
+    h = hints or hints_for(n)
+    spec = {
+        "op": "wgmma_mx", "n": n, "k": k, "out_dtype": out_dtype, "bias": bias, "hints": asdict(h),
+        "target": TARGET, "versions": builder.versions(TARGET),
+    }  # fmt: skip
+    key = repr(sorted(spec.items(), key=lambda kv: kv[0]))
+    with _lock:
+        if key in _kernels:
+            return _kernels[key]
+
+    def build(out: Path) -> dict[str, Any]:
+        import tvm
+
+        mod = tvm.IRModule({"main": kernel(n=n, k=k, out_dtype=out_dtype, bias=bias, hints=h)})
+        return builder.compile_export(mod, TARGET, out)
+
+    path, _ = cache.get_or_build(spec, build)
+    func = builder.load_main(path, TARGET)
+    with _lock:
+        return _kernels.setdefault(key, func)
+
+
+def matmul(
+    xa: torch.Tensor,
+    xs: torch.Tensor,
+    w: torch.Tensor,
+    ws: torch.Tensor,
+    out_dtype: torch.dtype,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``dequant(xa, xs) @ dequant(w, ws)^T (+ bias)`` for e4m3 codes with block-32 E8M0 scales along K,
+    on a Hopper GPU, fp32 sums, rounded once to ``out_dtype``.
+
+    Args:
+        xa: uint8 ``[m, k]`` e4m3 codes; xs: uint8 ``[m, k/32]`` scale codes.
+        w: uint8 ``[n, k]`` e4m3 codes; ws: uint8 ``[n, k/32]`` scale codes.
+        out_dtype: float32, float16 or bfloat16.
+        bias: ``out_dtype [n]`` or None.
+
+    Returns:
+        ``out_dtype [m, n]``.
+    """
+    m, k = xa.shape
+    n = w.shape[0]
+    why = _why_not(xa, xs, w, ws, out_dtype, bias)
+    if why:
+        raise ValueError(f"wgmma_mx.matmul: {why}")
+    y = torch.empty(m, n, dtype=out_dtype, device=xa.device)
+    if m == 0:
+        return y
+    func = compiled(n, k, str(out_dtype).removeprefix("torch."), bias is not None)
+    args = [xa.contiguous(), xs.contiguous(), w.contiguous(), weight_scales(ws)]
+    args += [bias.contiguous()] if bias is not None else []
+    # tvm-ffi launches on the current torch stream of the tensors' device; make it current if not
+    if xa.device.index != torch.cuda.current_device():
+        with torch.cuda.device(xa.device):
+            func(*args, y)
+    else:
+        func(*args, y)
+    return y
+
+
+@torch.library.custom_op("mxgemm::fp8_matmul", mutates_args=())
+def op(
+    xa: torch.Tensor,
+    xs: torch.Tensor,
+    w: torch.Tensor,
+    ws: torch.Tensor,
+    out_dtype: torch.dtype,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`matmul` as the custom op ``torch.ops.mxgemm.fp8_matmul`` (fake kernel included), which
+    torch.compile and export trace as one node."""
+    return matmul(xa, xs, w, ws, out_dtype, bias)
+
+
+@op.register_fake
+def _(xa, xs, w, ws, out_dtype, bias=None):
+    return xa.new_empty((xa.shape[0], w.shape[0]), dtype=out_dtype)
+
+
+def _why_not(xa, xs, w, ws, out_dtype, bias) -> str | None:
+    """What is wrong with :func:`matmul`'s arguments, or None."""
+    if xa.dim() != 2 or w.dim() != 2:
+        return f"xa and w must be 2-D, got {list(xa.shape)} and {list(w.shape)}"
+    (m, k), n = xa.shape, w.shape[0]
+    if n % 64:
+        return f"N={n} is not a multiple of 64"
+    why = applies(n, k, hints_for(n))
+    if why:
+        return why
+    shapes = {"xa": (xa, (m, k)), "xs": (xs, (m, k // BLOCK)), "w": (w, (n, k)), "ws": (ws, (n, k // BLOCK))}
+    for name, (t, shape) in shapes.items():
+        if t.dtype != torch.uint8 or tuple(t.shape) != shape or t.device != xa.device:
+            got = f"{t.dtype} {list(t.shape)} on {t.device}"
+            return f"{name} must be uint8 {list(shape)} on {xa.device}, got {got}"
+    if not device_ok(xa.device):
+        return f"the kernel runs on Hopper (compute capability 9.0) GPUs, not {xa.device}"
+    if str(out_dtype).removeprefix("torch.") not in OUT_DTYPES:
+        return f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype}"
+    if bias is not None and (
+        bias.dtype != out_dtype or tuple(bias.shape) != (n,) or bias.device != xa.device
+    ):
+        return f"bias must be {out_dtype} [{n}] on {xa.device}, got {bias.dtype} {list(bias.shape)}"
     return None
 
 
@@ -144,7 +292,7 @@ class _Kernel:
             self.wg, self.warp, self.lane = tx // 128, tx % 128 // 32, tx % 32
             self.ring = T.alloc_buffer((h.smem() // 16,), "uint32x4", scope="shared.dyn")
             self.acc = T.alloc_buffer((self.frag,), "float32", scope="local")
-            self.tmp = T.alloc_buffer((self.frag,), "float32", scope="local")
+            self.tmp = T.alloc_buffer((h.batch, self.frag), "float32", scope="local")
             self.desc = T.alloc_buffer((2,), "uint64", scope="local")
             for i in range(self.frag):
                 T.buffer_store(self.acc, tirx.const(0.0, "float32"), [i])
@@ -218,24 +366,24 @@ class _Kernel:
         self.T.buffer_store(self.desc, addr | tirx.const(const, "uint64"), [which])
         return tirx.BufferLoad(self.desc, [which])
 
-    def mma(self, slot, u) -> None:
-        """This warpgroup's wgmma of step ``u`` of ``slot`` into :attr:`tmp` (overwritten)."""
+    def mma(self, slot, u, frag: int) -> None:
+        """This warpgroup's wgmma of step ``u`` of ``slot`` into ``tmp[frag]`` (overwritten), its own
+        commit group."""
         T, h = self.T, self.h
         a = self._desc(0, self._addr(slot, self.wg * 64 * BK + u * STEP))
         b = self._desc(1, self._addr(slot, self.w_off + u * STEP))
-        T.evaluate(T.ptx.wgmma.fence.sync.aligned())
         op = T.ptx[f"wgmma.mma_async.sync.aligned.m64n{h.bn}k32.f32.e4m3.e4m3"]
-        regs = [tirx.BufferLoad(self.tmp, [i]) for i in range(self.frag)]
+        regs = [tirx.BufferLoad(self.tmp, [frag, i]) for i in range(self.frag)]
         T.evaluate(op(*regs, a, b, tirx.const(False, "bool"), 1, 1))
         T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
 
-    def promote(self, slot, u) -> None:
-        """``acc += tmp · 2^sw · 2^sa`` with step ``u`` of ``slot``'s scales, once the wgmma that wrote
-        :attr:`tmp` is done (``wait_group`` before; the empty asm keeps the compiler's reads of the
+    def promote(self, slot, u, frag: int) -> None:
+        """``acc += tmp[frag] · 2^sw · 2^sa`` with step ``u`` of ``slot``'s scales, once the wgmma that
+        wrote it is done (``wait_group`` before; the empty asm keeps the compiler's reads of the
         fragment after it)."""
         T, h = self.T, self.h
         for i in range(0, self.frag, 8):
-            regs = [tirx.BufferLoad(self.tmp, [i + r]) for r in range(8)]
+            regs = [tirx.BufferLoad(self.tmp, [frag, i + r]) for r in range(8)]
             T.evaluate(T.cuda.func_call("mxgemm_fence8", *regs, source_code=FENCE8))
         sb = BK // STEP
         q, quad = self.lane % 4, self.lane // 4
@@ -254,7 +402,7 @@ class _Kernel:
             scale = tirx.reinterpret("float32", tirx.BufferLoad(sw, [j, c]))
             for i in range(2):
                 idx = 4 * j + 2 * i + c
-                part = tirx.BufferLoad(self.tmp, [idx]) * scale
+                part = tirx.BufferLoad(self.tmp, [frag, idx]) * scale
                 val = tirx.BufferLoad(self.acc, [idx]) + part * tirx.BufferLoad(sav, [i])
                 T.buffer_store(self.acc, val, [idx])
 
@@ -273,10 +421,16 @@ class _Kernel:
                 with T.Then():
                     self.issue(it + self.ahead, (it + self.ahead) % h.stages)
             T.evaluate(commit())
-            for u in range(self.steps):
-                self.mma(slot, u)
-                T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
-                self.promote(slot, u)
+            # a batch's wgmmas issued together; each promoted once done, the later ones still running
+            # (ptxas keeps them asynchronous in this order; a wgmma issued while an earlier
+            # fragment is read makes it serialize them all)
+            for u0 in range(0, self.steps, h.batch):
+                T.evaluate(T.ptx.wgmma.fence.sync.aligned())
+                for j in range(h.batch):
+                    self.mma(slot, u0 + j, j)
+                for j in range(h.batch):
+                    T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(h.batch - 1 - j))
+                    self.promote(slot, u0 + j, j)
 
     def epilogue(self) -> None:
         T, h = self.T, self.h
