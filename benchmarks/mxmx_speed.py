@@ -5,9 +5,10 @@ time on the GPU box.
     python benchmarks/mxmx_speed.py measure DIR [--out F] # there: runtime-only TVM + torch
 
 ``measure`` checks every built kernel against the emulation (both operands dequantized, float64
-matmul) on a ragged shape, then times the large shapes at M = 4096 (and 1024, 16384) against cuBLAS
-bf16 (``torch.mm``) and cuBLASLt fp8 with one scale per tensor (``torch._scaled_mm``, the fp8 tensor
-cores' rate without MX block scales), in one process, CUDA events, medians of 20.
+matmul) on a ragged shape, then times the large shapes at M = 1024, 4096 and 16384 against cuBLAS
+bf16 (``torch.mm``), cuBLASLt fp8 with one scale per tensor (``torch._scaled_mm``, the fp8 tensor
+cores' rate without MX block scales) and the float32 product of the dequantized operands (what
+``MxTensor @ MxTensor`` ran before), in one process, CUDA events, medians of 20 (5 for float32).
 """
 
 from __future__ import annotations
@@ -108,6 +109,12 @@ def _time(fn, reps=20) -> float:
     return sorted(ts)[len(ts) // 2]
 
 
+def _time_fp32(xq, wq) -> float:
+    """The float32 product of the dequantized operands (what the emulation multiplies)."""
+    xd, wd = reference.dequantize(xq), reference.dequantize(wq)
+    return _time(lambda: torch.mm(xd, wd.T), reps=5)
+
+
 def time_shape(d: Path, n: int, k: int, m: int, dev: str) -> list[dict]:
     """Every built kernel of ``[m, k] @ [n, k]^T`` against cuBLAS bf16 and fp8 in this process."""
     gen = torch.Generator(dev).manual_seed(1)
@@ -120,7 +127,15 @@ def time_shape(d: Path, n: int, k: int, m: int, dev: str) -> list[dict]:
     flops = 2 * m * n * k
     t_bf16 = _time(lambda: torch.mm(xb, wb.T))
     t_fp8 = _time(lambda: torch._scaled_mm(x8, w8.T, one, one, out_dtype=torch.bfloat16))
-    base = {"n": n, "k": k, "m": m, "cublas_bf16_us": t_bf16, "scaled_mm_fp8_us": t_fp8}
+    t_f32 = _time_fp32(xq, wq)
+    base = {
+        "n": n,
+        "k": k,
+        "m": m,
+        "cublas_bf16_us": t_bf16,
+        "scaled_mm_fp8_us": t_fp8,
+        "emulation_fp32_us": t_f32,
+    }
     base["cublas_bf16_tflops"] = flops / t_bf16 / 1e6
     base["scaled_mm_fp8_tflops"] = flops / t_fp8 / 1e6
     rows = []

@@ -1,7 +1,7 @@
 """Build the CUDA kernels of the GPU tests here (no GPU needed) into $MXGEMM_CACHE_DIR, so a GPU box with
 only the TVM runtime can run them: ``MXGEMM_CACHE_DIR=DIR python -m tests.prebuild_gpu sm_90 [JOBS [SETS]]``
-with SETS a comma list of linear, ops, rules, xs, fold, act, module, minilm (default: all; xs and fold
-are part of rules)."""
+with SETS a comma list of linear, ops, rules, xs, fold, act, module, minilm, wgmma (default: all; xs
+and fold are part of rules; wgmma: sm_90 only)."""
 
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -130,6 +130,15 @@ def act_cases(arch):
                 yield dict(act=(fmt, 256, 32, dt, rounding, target.resolve(arch)))
 
 
+def wgmma_cases(arch):
+    """tests.test_wgmma_mx's GPU tests: the MXFP8 x MXFP8 kernels (Hopper only)."""
+    from tests.test_wgmma_mx import PREBUILD
+
+    if arch == "sm_90":
+        for args in PREBUILD:
+            yield dict(wgmma=args)
+
+
 def ops_cases(arch):
     """tests.test_ops's GPU dispatch test: its layers at its M."""
     from tests.test_ops import GPU_CASES, GPU_M, K, N
@@ -148,6 +157,7 @@ SETS = {
     "act": act_cases,
     "module": module_cases,
     "minilm": minilm_cases,
+    "wgmma": wgmma_cases,
 }
 
 
@@ -157,6 +167,11 @@ def _build(kw):
 
         act_quant.kernel(*kw["act"])
         return f"act_quant {kw['act'][:5]}"
+    if "wgmma" in kw:
+        from mxgemm.codegen import wgmma_mx
+
+        wgmma_mx.compiled(*kw["wgmma"])
+        return f"wgmma_mx {kw['wgmma']}"
     return repr(mxgemm.build(**kw))
 
 
