@@ -36,12 +36,11 @@ from typing import Any
 import torch
 from tvm import tirx
 
-from mxgemm.codegen.decode import scale_expr, u32
+from mxgemm.codegen.decode import scale_expr
+from mxgemm.codegen.wgmma import SMEM_MAX, TARGET, descriptor, smem_addr, swizzled, when
 
 STEP = 32  # K per wgmma (fp8): one scale block
 BK = 128  # K per ring slot: one 128-byte swizzle row of fp8 codes, 4 steps
-ARCH = "sm_90a"  # wgmma is an sm_90a feature
-SMEM_MAX = 227 * 1024  # dynamic shared memory of one block on sm_90
 REG_SPARE = 40  # registers a thread needs besides its fragments
 # an empty asm that reads and writes 8 fragment registers: the compiler keeps their reads after the
 # wgmma.wait_group before it (TVM's noop barrier takes its register by value, so it fences nothing)
@@ -103,7 +102,6 @@ def applies(n: int, k: int, h: Hints = Hints()) -> str | None:
 
 
 DEFAULT = Hints()  # 2 warpgroups × 128 columns, 4 slots, wgmmas in pairs: the fastest at M ≥ 1024 (H200)
-TARGET = {"kind": "cuda", "arch": ARCH}
 FORMAT = "mxfp8_e4m3"  # both operands
 BLOCK = STEP  # their block size
 OUT_DTYPES = ("float32", "float16", "bfloat16")
@@ -307,13 +305,8 @@ class _Kernel:
     # ---- shared memory ------------------------------------------------------------------------
 
     def _addr(self, slot, byte):
-        """Shared-state address (uint32) of byte ``byte`` of ring slot ``slot`` (through the ring's
-        16-byte element that holds it: an access TVM sees, so the allocation keeps its size)."""
-        T = self.T
-        at = slot * self.slot + byte
-        addr = T.cuda.cvta_generic_to_shared(T.address_of(self.ring[at // 16]))
-        rem = at % 16
-        return addr if isinstance(rem, int) and rem == 0 else addr + tirx.Cast("uint32", rem)
+        """Shared-state address (uint32) of byte ``byte`` of ring slot ``slot``."""
+        return smem_addr(self.T, self.ring, slot * self.slot + byte)
 
     def issue(self, it, slot) -> None:
         """``cp.async`` of iteration ``it``'s codes and scales into ``slot`` (every thread a share)."""
@@ -327,19 +320,19 @@ class _Kernel:
             for r in range(-(-rows * 8 // threads)):
                 i = tx + threads * r
                 row, c = i // 8, i % 8
-                dst = self._addr(slot, off + row * BK + tirx.bitwise_xor(c, row % 8) * 16)
+                dst = self._addr(slot, off + swizzled(row, c))
                 conds = [i < rows * 8] if rows * 8 < threads * (r + 1) else []
                 if part == "w":
                     copy = cp16(dst, self.W.ptr_to([self.n0 + row, k0 + 16 * c]), 16)
                 else:
                     conds.append(self.m0 + row < self.m)
                     copy = cp16(dst, self.XA.ptr_to([self.m0 + row, k0 + 16 * c]), 16)
-                self._when(conds, copy)
+                when(T, conds, copy)
         # X's scale codes: 4 bytes a row
         sb = BK // STEP
         src = self.XS.ptr_to([self.m0 + tx, it * sb])
         copy = T.ptx["cp.async.ca.shared.global"](self._addr(slot, self.xs_off + sb * tx), src, sb)
-        self._when([tx < h.bm, self.m0 + tx < self.m], copy)
+        when(T, [tx < h.bm, self.m0 + tx < self.m], copy)
         # W's float scales: 4 rows of bn floats
         chunks = sb * h.bn // 4
         for r in range(-(-chunks // threads)):
@@ -347,36 +340,16 @@ class _Kernel:
             row, c = i // (h.bn // 4), i % (h.bn // 4)
             src = self.WS.ptr_to([it * sb + row, self.n0 + 4 * c])
             conds = [i < chunks] if chunks < threads * (r + 1) else []
-            self._when(conds, cp16(self._addr(slot, self.ws_off + 16 * i), src, 16))
-
-    def _when(self, conds, stmt) -> None:
-        T = self.T
-        if not conds:
-            T.evaluate(stmt)
-            return
-        cond = conds[0]
-        for c in conds[1:]:
-            cond = tirx.And(cond, c)
-        with T.If(cond):
-            with T.Then():
-                T.evaluate(stmt)
+            when(T, conds, cp16(self._addr(slot, self.ws_off + 16 * i), src, 16))
 
     # ---- the K loop ---------------------------------------------------------------------------
-
-    def _desc(self, which: int, start) -> tirx.PrimExpr:
-        """wgmma matrix descriptor of a 128-byte-swizzled K-major tile from shared address
-        ``start``: 8-row groups 1024 bytes apart (stride), the leading offset unused (1)."""
-        const = (1 << 16) | ((1024 // 16) << 32) | (1 << 62)
-        addr = tirx.Cast("uint64", (start & u32(0x3FFFF)) >> u32(4))
-        self.T.buffer_store(self.desc, addr | tirx.const(const, "uint64"), [which])
-        return tirx.BufferLoad(self.desc, [which])
 
     def mma(self, slot, u, frag: int) -> None:
         """This warpgroup's wgmma of step ``u`` of ``slot`` into ``tmp[frag]`` (overwritten), its own
         commit group."""
         T, h = self.T, self.h
-        a = self._desc(0, self._addr(slot, self.wg * 64 * BK + u * STEP))
-        b = self._desc(1, self._addr(slot, self.w_off + u * STEP))
+        a = descriptor(T, self.desc, 0, self._addr(slot, self.wg * 64 * BK + u * STEP))
+        b = descriptor(T, self.desc, 1, self._addr(slot, self.w_off + u * STEP))
         op = T.ptx[f"wgmma.mma_async.sync.aligned.m64n{h.bn}k32.f32.e4m3.e4m3"]
         regs = [tirx.BufferLoad(self.tmp, [frag, i]) for i in range(self.frag)]
         T.evaluate(op(*regs, a, b, tirx.const(False, "bool"), 1, 1))

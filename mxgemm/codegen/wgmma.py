@@ -1,0 +1,56 @@
+"""What the wgmma kernels (:mod:`~mxgemm.codegen.wgmma_mx`, :mod:`~mxgemm.codegen.wgmma_w`) share:
+the sm_90a target, shared-memory addresses in a ring of 16-byte elements, the 128-byte swizzle and
+its matrix descriptor, guarded statements.
+
+A tile in the 128-byte-swizzled K-major layout holds rows of 128 bytes (K-contiguous), 16-byte chunk
+``c`` of row ``r`` at chunk ``c ^ (r % 8)``; 8-row groups are 1024 bytes apart and start 1024-byte
+aligned (the swizzle atom). A wgmma reads K from byte ``32 u`` of the rows for its ``u``-th 32-byte
+K slice: the descriptor's start moves, the hardware applies the swizzle.
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+
+from mxgemm.codegen.decode import u32
+
+ARCH = "sm_90a"  # wgmma is an sm_90a feature
+TARGET = {"kind": "cuda", "arch": ARCH}
+SMEM_MAX = 227 * 1024  # dynamic shared memory of one block on sm_90
+ROW = 128  # bytes of a swizzled row
+
+
+def smem_addr(T, ring, at):  # noqa: N803
+    """Shared-state address (uint32) of byte ``at`` of ``ring`` (a ``uint32x4`` ``shared.dyn`` buffer),
+    through the 16-byte element that holds it: an access TVM sees, so the allocation keeps its size."""
+    addr = T.cuda.cvta_generic_to_shared(T.address_of(ring[at // 16]))
+    rem = at % 16
+    return addr if isinstance(rem, int) and rem == 0 else addr + tirx.Cast("uint32", rem)
+
+
+def swizzled(row, chunk):
+    """Byte offset of 16-byte chunk ``chunk`` (0..7) of ``row`` in a 128-byte-swizzled tile."""
+    return row * ROW + tirx.bitwise_xor(chunk, row % 8) * 16
+
+
+def descriptor(T, buf, which: int, start):  # noqa: N803
+    """The wgmma matrix descriptor of a 128-byte-swizzled K-major tile from shared address ``start``
+    (8-row groups 1024 bytes apart; the leading offset unused, 1), stored in ``buf[which]`` (a local
+    uint64 buffer) and returned as its load."""
+    const = (1 << 16) | ((1024 // 16) << 32) | (1 << 62)
+    addr = tirx.Cast("uint64", (start & u32(0x3FFFF)) >> u32(4))
+    T.buffer_store(buf, addr | tirx.const(const, "uint64"), [which])
+    return tirx.BufferLoad(buf, [which])
+
+
+def when(T, conds, stmt) -> None:  # noqa: N803
+    """``stmt`` under the conjunction of ``conds`` (none: unconditionally)."""
+    if not conds:
+        T.evaluate(stmt)
+        return
+    cond = conds[0]
+    for c in conds[1:]:
+        cond = tirx.And(cond, c)
+    with T.If(cond):
+        with T.Then():
+            T.evaluate(stmt)
