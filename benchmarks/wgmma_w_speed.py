@@ -1,0 +1,172 @@
+"""The decode-fused wgmma GEMM (:mod:`mxgemm.codegen.wgmma_w`) at mid and large M: build here, check and
+time on the GPU box.
+
+    python benchmarks/wgmma_w_speed.py build DIR             # here: TVM + nvcc, no GPU
+    python benchmarks/wgmma_w_speed.py measure DIR [--out F]  # there: runtime-only TVM + torch
+
+``measure`` checks every built kernel against a float64 product of the dequantized weights on a
+ragged shape, then times mxfp4 fp16 against cuBLAS fp16 (``torch.mm``, same process, CUDA events,
+medians of 20, weights and activations rotated so L2 holds no operand of the timed call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from mxgemm import formats, reference
+from mxgemm.codegen import wgmma_w
+
+SHAPES = [(28672, 8192), (8192, 8192), (14336, 4096), (4096, 14336), (4096, 4096)]  # (N, K)
+MS = (64, 128, 256, 512, 1024, 4096)
+CHECK = (256, 512, 200)  # N, K, M
+VARIANTS = [  # (hints, m_tile)
+    (wgmma_w.Hints(2, 4, 1), 128),
+    (wgmma_w.Hints(2, 4, 0), 128),
+    (wgmma_w.Hints(1, 4, 1), 64),
+    (wgmma_w.Hints(2, 4, 1), 64),
+    (wgmma_w.Hints(2, 3, 0), 256),
+]
+CHECK_FORMATS = [
+    ("mxfp4", "float16"),
+    ("mxfp4", "bfloat16"),
+    ("mxfp8_e4m3", "float16"),
+    ("mxint8", "bfloat16"),
+]
+
+
+def _name(fmt, n, k, h, m_tile, dt, bias):
+    return f"{fmt}_n{n}_k{k}_wg{h.wg}_s{h.stages}_d{h.double}_mt{m_tile}_{dt}{'_bias' if bias else ''}"
+
+
+def build(out: Path) -> None:
+    import tvm
+
+    from mxgemm.codegen import build as kbuild
+    from mxgemm.codegen.wgmma import TARGET
+
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [
+        (f, CHECK[0], CHECK[1], h, mt, dt, True)
+        for (h, mt), (f, dt) in itertools.product(VARIANTS, CHECK_FORMATS)
+    ]
+    jobs += [
+        ("mxfp4", n, k, h, mt, "float16", False) for (n, k), (h, mt) in itertools.product(SHAPES, VARIANTS)
+    ]
+    for fmt, n, k, h, mt, dt, bias in jobs:
+        if wgmma_w.applies(formats.get(fmt), n, k, mt, dt, h):
+            continue
+        name = _name(fmt, n, k, h, mt, dt, bias)
+        f = wgmma_w.kernel(
+            formats.get(fmt), n=n, k=k, m_tile=mt, out_dtype=dt, bias=bias, a_dtype=dt, hints=h
+        )
+        t = time.time()
+        kbuild.compile_export(tvm.IRModule({"main": f}), TARGET, out / f"{name}.so")
+        print(f"built {name} in {time.time() - t:.1f} s", flush=True)
+
+
+def _load(path: Path):
+    import tvm
+
+    from mxgemm.codegen import nvcc
+
+    nvcc.load_cuda_runtime()
+    return tvm.runtime.load_module(str(path))["main"]
+
+
+def _weights(fmt, n, k, gen, dev):
+    w = torch.randn(n, k, generator=gen, device=dev) * 0.02
+    q = reference.quantize(w, fmt)
+    return q, wgmma_w.permute_codes(q.blocks, formats.get(fmt).bits), q.scales.amax(dim=1).contiguous()
+
+
+def check(func, fmt, n, k, m, dt, dev) -> dict:
+    gen = torch.Generator(dev).manual_seed(n + k + m)
+    q, codes, rmax = _weights(fmt, n, k, gen, dev)
+    dtype = getattr(torch, dt)
+    x = (torch.randn(m, k, generator=gen, device=dev) * 2).to(dtype)
+    bias = torch.randn(n, generator=gen, device=dev).to(dtype)
+    y = torch.empty(m, n, dtype=dtype, device=dev)
+    func(x, codes, q.scales, rmax, bias, y)
+    torch.cuda.synchronize()
+    wd = reference.dequantize(q, torch.float64)
+    ref = x.double() @ wd.T + bias.double()
+    mag = x.double().abs() @ wd.abs().T + bias.double().abs()
+    ulp = 2.0 ** -(11 if dt == "float16" else 8)
+    err = ((y.double() - ref).abs() - ref.abs() * ulp).clamp_min(0) / mag  # beyond one output rounding
+    return {"max_err_over_abs_sum": float(err.max()), "finite": bool(torch.isfinite(y).all())}
+
+
+def _time(fn, reps=20) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(3):
+        fn(0)
+    ts = []
+    for i in range(reps):
+        start.record()
+        fn(i + 1)
+        end.record()
+        end.synchronize()
+        ts.append(start.elapsed_time(end) * 1e3)
+    return sorted(ts)[len(ts) // 2]
+
+
+def time_shape(d: Path, n: int, k: int, m: int, dev: str) -> list[dict]:
+    gen = torch.Generator(dev).manual_seed(1)
+    copies = max(2, -(-256 * 2**20 // (n * k * 2)))  # weights rotated past L2 (fp16 copies)
+    w16 = [torch.randn(n, k, device=dev, dtype=torch.float16) * 0.02 for _ in range(copies)]
+    packed = [_weights("mxfp4", n, k, gen, dev) for _ in range(copies)]
+    xs = [torch.randn(m, k, device=dev, dtype=torch.float16) for _ in range(copies)]
+    y = torch.empty(m, n, dtype=torch.float16, device=dev)
+    t_cublas = _time(lambda i: torch.mm(xs[i % copies], w16[i % copies].T, out=y))
+    rows = []
+    for h, mt in VARIANTS:
+        path = d / f"{_name('mxfp4', n, k, h, mt, 'float16', False)}.so"
+        if not path.exists():
+            continue
+        func = _load(path)
+
+        def run(i, func=func):
+            q, codes, rmax = packed[i % copies]
+            func(xs[i % copies], codes, q.scales, rmax, y)
+
+        t = _time(run)
+        row = {"n": n, "k": k, "m": m, "hints": h.__dict__, "m_tile": mt, "us": t, "cublas_fp16_us": t_cublas}
+        rows.append({**row, "vs_cublas": t_cublas / t, "tflops": 2 * m * n * k / t / 1e6})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def measure(d: Path, out: Path | None) -> None:
+    dev = "cuda"
+    rows = []
+    for (h, mt), (fmt, dt) in itertools.product(VARIANTS, CHECK_FORMATS):
+        path = d / f"{_name(fmt, CHECK[0], CHECK[1], h, mt, dt, True)}.so"
+        if path.exists():
+            r = check(_load(path), fmt, CHECK[0], CHECK[1], CHECK[2], dt, dev)
+            rows.append({"kind": "check", "fmt": fmt, "dtype": dt, "hints": h.__dict__, "m_tile": mt, **r})
+            print(json.dumps(rows[-1]), flush=True)
+    for (n, k), m in itertools.product(SHAPES, MS):
+        rows += time_shape(d, n, k, m, dev)
+        torch.cuda.empty_cache()
+    if out:
+        out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("what", choices=("build", "measure"))
+    p.add_argument("dir", type=Path)
+    p.add_argument("--out", type=Path)
+    a = p.parse_args(argv)
+    build(a.dir) if a.what == "build" else measure(a.dir, a.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
