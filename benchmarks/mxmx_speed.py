@@ -47,7 +47,8 @@ def build(out: Path) -> None:
     from mxgemm.codegen import build as kbuild
 
     out.mkdir(parents=True, exist_ok=True)
-    target = wgmma_mx.TARGET
+    from mxgemm.codegen.wgmma import TARGET as target
+
     jobs = [(CHECK[0], CHECK[1], h, od, True) for h in HINTS for od in ("float32", "bfloat16")]
     jobs += [(n, k, h, "bfloat16", False) for (n, k), h in itertools.product(SHAPES, HINTS)]
     for n, k, h, od, bias in jobs:

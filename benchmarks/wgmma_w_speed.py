@@ -23,15 +23,15 @@ import torch
 from mxgemm import formats, reference
 from mxgemm.codegen import wgmma_w
 
-SHAPES = [(28672, 8192), (8192, 8192), (14336, 4096), (4096, 14336), (4096, 4096)]  # (N, K)
+SHAPES = [(28672, 8192), (8192, 8192), (4096, 14336), (4096, 4096)]  # (N, K)
 MS = (64, 128, 256, 512, 1024, 4096)
 CHECK = (256, 512, 200)  # N, K, M
 VARIANTS = [  # (hints, m_tile)
     (wgmma_w.Hints(2, 4, 1), 128),
-    (wgmma_w.Hints(2, 4, 0), 128),
+    (wgmma_w.Hints(4, 4, 1), 64),
+    (wgmma_w.Hints(4, 4, 0), 64),
     (wgmma_w.Hints(1, 4, 1), 64),
-    (wgmma_w.Hints(2, 4, 1), 64),
-    (wgmma_w.Hints(2, 3, 0), 256),
+    (wgmma_w.Hints(2, 3, 1), 128),
 ]
 CHECK_FORMATS = [
     ("mxfp4", "float16"),

@@ -131,12 +131,14 @@ def act_cases(arch):
 
 
 def wgmma_cases(arch):
-    """tests.test_wgmma_mx's GPU tests: the MXFP8 x MXFP8 kernels (Hopper only)."""
-    from tests.test_wgmma_mx import PREBUILD
+    """tests.test_wgmma_mx's and test_wgmma_w's GPU tests: the wgmma kernels (Hopper only)."""
+    from tests import test_wgmma_mx, test_wgmma_w
 
     if arch == "sm_90":
-        for args in PREBUILD:
+        for args in test_wgmma_mx.PREBUILD:
             yield dict(wgmma=args)
+        for args in test_wgmma_w.PREBUILD:
+            yield dict(wgmma_w=args)
 
 
 def ops_cases(arch):
@@ -172,6 +174,11 @@ def _build(kw):
 
         wgmma_mx.compiled(*kw["wgmma"])
         return f"wgmma_mx {kw['wgmma']}"
+    if "wgmma_w" in kw:
+        from mxgemm.codegen import wgmma_w
+
+        wgmma_w.compiled(*kw["wgmma_w"])
+        return f"wgmma_w {kw['wgmma_w'][:6]}"
     return repr(mxgemm.build(**kw))
 
 

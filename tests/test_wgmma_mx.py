@@ -94,9 +94,10 @@ def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, hints):
     import tvm
 
     from mxgemm.codegen import build as builder
+    from mxgemm.codegen.wgmma import TARGET
 
     f = wgmma_mx.kernel(n=1024, k=1024, out_dtype="bfloat16", bias=True, hints=hints)
-    info = builder.compile_export(tvm.IRModule({"main": f}), wgmma_mx.TARGET, tmp_path / "k.so")
+    info = builder.compile_export(tvm.IRModule({"main": f}), TARGET, tmp_path / "k.so")
     src = info["source"]
     assert f"wgmma.mma_async.sync.aligned.m64n{hints.bn}k32.f32.e4m3.e4m3" in src
     assert src.count("wgmma.wait_group.sync.aligned") >= hints.batch

@@ -10,6 +10,11 @@ K slice: the descriptor's start moves, the hardware applies the swizzle.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 from tvm import tirx
 
 from mxgemm.codegen.decode import u32
@@ -54,3 +59,37 @@ def when(T, conds, stmt) -> None:  # noqa: N803
     with T.If(cond):
         with T.Then():
             T.evaluate(stmt)
+
+
+_kernels: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def cached(spec: dict[str, Any], make: Callable[[], Any]):
+    """The loaded kernel of ``spec`` (JSON-able: what the kernel is), built by ``make()`` (a PrimFunc)
+    into the kernel cache once; a TVM without its compiler (a GPU box that runs prebuilt kernels)
+    raises a RuntimeError naming the spec when the cache lacks it."""
+    from mxgemm.codegen import build as builder
+    from mxgemm.codegen import cache
+
+    spec = {**spec, "target": TARGET, "versions": builder.versions(TARGET)}
+    key = repr(sorted(spec.items(), key=lambda kv: kv[0]))
+    with _lock:
+        if key in _kernels:
+            return _kernels[key]
+
+    def build(out: Path) -> dict[str, Any]:
+        import tvm
+
+        try:
+            func = make()
+        except ImportError as e:
+            raise RuntimeError(
+                f"kernel {spec} is not in the kernel cache, and this TVM cannot build it ({e})"
+            ) from e
+        return builder.compile_export(tvm.IRModule({"main": func}), TARGET, out)
+
+    path, _ = cache.get_or_build(spec, build)
+    func = builder.load_main(path, TARGET)
+    with _lock:
+        return _kernels.setdefault(key, func)

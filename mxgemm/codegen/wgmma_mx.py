@@ -28,16 +28,13 @@ Rows of X ≥ M are not copied (whatever the slot holds there only reaches rows 
 from __future__ import annotations
 
 import itertools
-import threading
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
 
 import torch
 from tvm import tirx
 
 from mxgemm.codegen.decode import scale_expr
-from mxgemm.codegen.wgmma import SMEM_MAX, TARGET, descriptor, smem_addr, swizzled, when
+from mxgemm.codegen.wgmma import SMEM_MAX, cached, descriptor, smem_addr, swizzled, when
 
 STEP = 32  # K per wgmma (fp8): one scale block
 BK = 128  # K per ring slot: one 128-byte swizzle row of fp8 codes, 4 steps
@@ -118,41 +115,12 @@ def device_ok(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
 
 
-_kernels: dict[tuple, Any] = {}
-_lock = threading.Lock()
-
-
 def compiled(n: int, k: int, out_dtype: str, bias: bool, hints: Hints | None = None):
     """The kernel for ``[*, k] @ [n, k]^T`` (called ``f(XA, XS, W, WS, [Bias], Y)``, :func:`kernel`'s
     arguments), built once into the kernel cache."""
-    from mxgemm.codegen import build as builder
-    from mxgemm.codegen import cache
-
     h = hints or hints_for(n)
-    spec = {
-        "op": "wgmma_mx", "n": n, "k": k, "out_dtype": out_dtype, "bias": bias, "hints": asdict(h),
-        "target": TARGET, "versions": builder.versions(TARGET),
-    }  # fmt: skip
-    key = repr(sorted(spec.items(), key=lambda kv: kv[0]))
-    with _lock:
-        if key in _kernels:
-            return _kernels[key]
-
-    def build(out: Path) -> dict[str, Any]:
-        import tvm
-
-        try:
-            func = kernel(n=n, k=k, out_dtype=out_dtype, bias=bias, hints=h)
-        except ImportError as e:  # a TVM without its compiler (a GPU box that runs prebuilt kernels)
-            raise RuntimeError(
-                f"the wgmma_mx kernel {spec} is not in the kernel cache, and this TVM cannot build it ({e})"
-            ) from e
-        return builder.compile_export(tvm.IRModule({"main": func}), TARGET, out)
-
-    path, _ = cache.get_or_build(spec, build)
-    func = builder.load_main(path, TARGET)
-    with _lock:
-        return _kernels.setdefault(key, func)
+    spec = {"op": "wgmma_mx", "n": n, "k": k, "out_dtype": out_dtype, "bias": bias, "hints": asdict(h)}
+    return cached(spec, lambda: kernel(n=n, k=k, out_dtype=out_dtype, bias=bias, hints=h))
 
 
 def matmul(

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 from tvm import tirx
@@ -35,7 +35,7 @@ from tvm import tirx
 from mxgemm import formats
 from mxgemm.codegen import pairs
 from mxgemm.codegen.decode import u32
-from mxgemm.codegen.wgmma import ROW, SMEM_MAX, descriptor, smem_addr, swizzled, when
+from mxgemm.codegen.wgmma import ROW, SMEM_MAX, cached, descriptor, smem_addr, swizzled, when
 
 STEP = 32  # K per scale block: two k16 wgmmas
 BK = 128  # K per ring slot
@@ -44,7 +44,7 @@ WIDTHS = (4, 8)  # code widths with one bit plane
 
 @dataclass(frozen=True)
 class Hints:
-    """wg: warpgroups per block (1, 2), 64 weight rows each; stages: ring slots (3..6); double: 1 to
+    """wg: warpgroups per block (1..4), 64 weight rows each; stages: ring slots (3..6); double: 1 to
     decode the next slot while this one's wgmmas run (two fragment sets)."""
 
     wg: int = 2
@@ -52,8 +52,8 @@ class Hints:
     double: int = 1
 
     def __post_init__(self) -> None:
-        if self.wg not in (1, 2) or not 3 <= self.stages <= 6 or self.double not in (0, 1):
-            raise ValueError(f"wgmma_w hints {self}: wg 1|2, stages 3..6, double 0|1")
+        if self.wg not in (1, 2, 3, 4) or not 3 <= self.stages <= 6 or self.double not in (0, 1):
+            raise ValueError(f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1")
 
     def slot_bytes(self, m_tile: int, bits: int) -> tuple[int, int, int]:
         """Byte offsets in a slot of the codes and the scale codes, and the slot's size."""
@@ -125,6 +125,17 @@ def kernel(
         with T.prim_func():
             _Kernel(T, fmt, n, k, m_tile, out_dtype, bias, a_dtype, hints).emit()
     return ib.get()
+
+
+def compiled(fmt: str, n: int, k: int, m_tile: int, dtype: str, bias: bool, hints: Hints = Hints()):
+    """The kernel (called ``f(A, B, S, R, [Bias], Y)``, :func:`kernel`'s arguments, activations and
+    outputs in ``dtype``), built once into the kernel cache."""
+    spec = {"op": "wgmma_w", "fmt": fmt, "n": n, "k": k, "m_tile": m_tile, "dtype": dtype, "bias": bias}
+    f = formats.get(fmt)
+    return cached(
+        {**spec, "hints": asdict(hints)},
+        lambda: kernel(f, n=n, k=k, m_tile=m_tile, out_dtype=dtype, bias=bias, a_dtype=dtype, hints=hints),
+    )
 
 
 class _Kernel:

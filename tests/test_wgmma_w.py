@@ -1,0 +1,160 @@
+"""The decode-fused wgmma GEMM prototype (mxgemm.codegen.wgmma_w).
+
+CPU: its K order against the definition (each lane's 8 codes are K 2j, 2j+1, 2j+8, 2j+9 and +16 of
+a 32-code block), ``foldable`` against the fold's spread, hint and shape checks, and (nvcc) that
+ptxas keeps its wgmmas asynchronous and spills nothing. GPU (Hopper): against a float64 product of
+the oracle's dequantized weights (ml_dtypes), one-hot activation rows bit for bit.
+"""
+
+import re
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from mxgemm import formats, packing, reference
+from mxgemm.codegen import pairs, wgmma_w
+from tests import oracle
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_permute_codes_puts_each_lanes_k_together(bits):
+    n, k = 3, 96
+    codes = torch.randint(
+        0, 2**bits, (n, k), dtype=torch.uint8, generator=torch.Generator().manual_seed(bits)
+    )
+    got = packing.unpack(wgmma_w.permute_codes(packing.pack(codes, bits), bits), bits)
+    for b in range(k // 32):
+        for j in range(4):
+            lane = [2 * j, 2 * j + 1, 2 * j + 8, 2 * j + 9]  # the step's first k16 wgmma, then +16
+            want = codes[:, [32 * b + kk + 16 * g for g in range(2) for kk in lane]]
+            assert torch.equal(got[:, 32 * b + 8 * j : 32 * b + 8 * j + 8], want)
+
+
+def test_foldable_follows_the_spread():
+    fmt = formats.get("mxfp4")
+    spread = pairs.fold(fmt, "float16").spread
+    s = torch.full((2, 8), 120, dtype=torch.uint8)
+    assert wgmma_w.foldable(fmt, s, "float16")
+    s[1, 3] = 120 - spread
+    assert wgmma_w.foldable(fmt, s, "float16")
+    s[1, 3] = 120 - spread - 1
+    assert not wgmma_w.foldable(fmt, s, "float16")
+    s[1, 3] = 255  # a NaN scale never folds
+    assert not wgmma_w.foldable(fmt, s, "float16")
+
+
+def test_applies_names_the_problem():
+    fp4, fp6 = formats.get("mxfp4"), formats.get("mxfp6_e2m3")
+    assert wgmma_w.applies(fp4, 8192, 8192, 128, "float16") is None
+    assert "6 bits" in wgmma_w.applies(fp6, 8192, 8192, 128, "float16")
+    assert "N=192 is not a multiple of 128" in wgmma_w.applies(fp4, 192, 8192, 128, "float16")
+    assert "K=384 is not a multiple of 256" in wgmma_w.applies(fp4, 256, 384, 128, "float16")
+    assert "M tile 32" in wgmma_w.applies(fp4, 256, 512, 32, "float16")
+    with pytest.raises(ValueError, match="wg 1..4"):
+        wgmma_w.Hints(wg=5)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize(
+    ("fmt", "dtype", "hints", "m_tile"),
+    [("mxfp4", "float16", wgmma_w.Hints(), 128), ("mxfp8_e4m3", "bfloat16", wgmma_w.Hints(1, 4, 1), 64)],
+)
+def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints, m_tile):
+    import tvm
+
+    from mxgemm.codegen import build as builder
+    from mxgemm.codegen.wgmma import TARGET
+
+    ab = {"float16": "f16", "bfloat16": "bf16"}[dtype]
+    f = wgmma_w.kernel(
+        formats.get(fmt), n=512, k=512, m_tile=m_tile, out_dtype=dtype, bias=True, a_dtype=dtype, hints=hints
+    )
+    src = builder.compile_export(tvm.IRModule({"main": f}), TARGET, tmp_path / "k.so")["source"]
+    assert f"wgmma.mma_async.sync.aligned.m64n{m_tile}k16.f32.{ab}.{ab}" in src
+    (tmp_path / "k.cu").write_text(src)
+    cmd = [
+        "nvcc",
+        "-cubin",
+        "-O3",
+        "-std=c++17",
+        "-arch=sm_90a",
+        "-Xptxas",
+        "-v",
+        "-o",
+        str(tmp_path / "k.cubin"),
+    ]
+    log = subprocess.run([*cmd, str(tmp_path / "k.cu")], capture_output=True, text=True, check=True).stderr
+    assert "C751" not in log and "serialized" not in log, log
+    assert re.search(r"0 bytes spill stores, 0 bytes spill loads", log), log
+
+
+# ---- on a Hopper GPU (kernels built where TVM can build them) -----------------------------------------
+
+GPU_FORMATS = [("mxfp4", "float16"), ("mxfp4", "bfloat16"), ("mxfp8_e4m3", "float16"), ("mxint8", "bfloat16")]
+GPU_TILES = [(wgmma_w.Hints(), 128, 200), (wgmma_w.Hints(1, 4, 1), 64, 37)]  # (hints, M tile, M)
+# the kernels of the GPU tests, (fmt, N, K, M tile, dtype, bias, hints), for tests.prebuild_gpu
+PREBUILD = [(f, 256, 512, mt, dt, True, h) for f, dt in GPU_FORMATS for h, mt, _ in GPU_TILES]
+PREBUILD += [("mxfp4", 128, 512, 128, "float16", False, wgmma_w.Hints())]
+hopper = pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+    reason="needs a Hopper GPU",
+)
+
+
+def _run(fmt, x, q, dtype, hints, m_tile, bias=None):
+    n, k = q.shape
+    func = wgmma_w.compiled(fmt, n, k, m_tile, dtype, bias is not None, hints)
+    codes = wgmma_w.permute_codes(q.blocks, formats.get(fmt).bits)
+    y = torch.empty(x.shape[0], n, dtype=x.dtype, device="cuda")
+    func(x, codes, q.scales, q.scales.amax(dim=1).contiguous(), *([bias] if bias is not None else []), y)
+    return y
+
+
+def _dequant(q, fmt) -> torch.Tensor:
+    """float64 weights from the oracle's decode (ml_dtypes) and E8M0 factors."""
+    spec = oracle.SPECS[fmt]
+    codes = packing.unpack(q.blocks.cpu(), formats.get(fmt).bits).numpy()
+    vals = oracle.decode(codes, spec).reshape(codes.shape[0], -1, 32)
+    fac = oracle.scale_factors(q.scales.cpu().numpy())[:, :, None]
+    return torch.from_numpy((vals * fac).reshape(codes.shape[0], -1))
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize(
+    ("fmt", "dtype"),
+    [("mxfp4", "float16"), ("mxfp4", "bfloat16"), ("mxfp8_e4m3", "float16"), ("mxint8", "bfloat16")],
+)
+@pytest.mark.parametrize(
+    ("hints", "m_tile", "m"), [(wgmma_w.Hints(), 128, 200), (wgmma_w.Hints(1, 4, 1), 64, 37)]
+)
+def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m_tile, m):
+    torch.manual_seed(0)
+    n, k = 256, 512
+    q = reference.quantize(torch.randn(n, k, device="cuda") * 0.05, fmt)
+    dt = getattr(torch, dtype)
+    x = (torch.randn(m, k, device="cuda") * 2).to(dt)
+    bias = torch.randn(n, device="cuda").to(dt)
+    y = _run(fmt, x, q, dtype, hints, m_tile, bias).cpu().double()
+    wd = _dequant(q, fmt)
+    ref = x.cpu().double() @ wd.T + bias.cpu().double()
+    bound = x.cpu().double().abs() @ wd.abs().T * 2.0**-20 + ref.abs() * 2.0 ** -(
+        11 if dtype == "float16" else 8
+    )
+    assert ((y - ref).abs() <= bound).all()
+
+
+@pytest.mark.gpu
+@hopper
+def test_gpu_one_hot_rows_are_bit_exact():
+    """Activation row i is one 1 at column c_i: output (i, n) is the weight W[n, c_i] itself."""
+    fmt, n, k, m = "mxfp4", 128, 512, 128
+    q = reference.quantize(torch.randn(n, k, device="cuda"), fmt)
+    cols = torch.arange(m) * 3 % k
+    x = torch.zeros(m, k, dtype=torch.float16, device="cuda")
+    x[torch.arange(m), cols] = 1.0
+    y = _run(fmt, x, q, "float16", wgmma_w.Hints(), 128).cpu()
+    want = _dequant(q, fmt)[:, cols].T.to(torch.float16)
+    assert torch.equal(y, want), np.abs((y.double() - want.double()).numpy()).max()
