@@ -13,13 +13,13 @@ cores' rate without MX block scales) and the float32 product of the dequantized 
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
 import time
 from pathlib import Path
 
+import gpu_script  # benchmarks/, beside this script
 import torch
 
 from mxgemm import reference
@@ -59,15 +59,6 @@ def build(out: Path) -> None:
         print(f"built {name} in {time.time() - t:.1f} s", flush=True)
 
 
-def _load(path: Path):
-    import tvm
-
-    from mxgemm.codegen import nvcc
-
-    nvcc.load_cuda_runtime()
-    return tvm.runtime.load_module(str(path))["main"]
-
-
 def _operands(m, n, k, gen, dev):
     x = torch.randn(m, k, generator=gen, device=dev) * torch.rand(m, 1, generator=gen, device=dev) * 4
     w = torch.randn(n, k, generator=gen, device=dev) * 0.02
@@ -96,24 +87,10 @@ def check(func, n, k, m, out_dtype, dev) -> dict:
     return {"max_err_over_abs_sum": float(err.max()), "nan_row": nan_row, "finite_rest": finite}
 
 
-def _time(fn, reps=20) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        ts.append(start.elapsed_time(end) * 1e3)
-    return sorted(ts)[len(ts) // 2]
-
-
 def _time_fp32(xq, wq) -> float:
     """The float32 product of the dequantized operands (what the emulation multiplies)."""
     xd, wd = reference.dequantize(xq), reference.dequantize(wq)
-    return _time(lambda: torch.mm(xd, wd.T), reps=5)
+    return gpu_script.median_us(lambda _: torch.mm(xd, wd.T), reps=5)
 
 
 def time_shape(d: Path, n: int, k: int, m: int, dev: str) -> list[dict]:
@@ -126,8 +103,8 @@ def time_shape(d: Path, n: int, k: int, m: int, dev: str) -> list[dict]:
     x8, w8 = xb.to(torch.float8_e4m3fn), wb.to(torch.float8_e4m3fn)
     one = torch.ones((), device=dev)
     flops = 2 * m * n * k
-    t_bf16 = _time(lambda: torch.mm(xb, wb.T))
-    t_fp8 = _time(lambda: torch._scaled_mm(x8, w8.T, one, one, out_dtype=torch.bfloat16))
+    t_bf16 = gpu_script.median_us(lambda _: torch.mm(xb, wb.T))
+    t_fp8 = gpu_script.median_us(lambda _: torch._scaled_mm(x8, w8.T, one, one, out_dtype=torch.bfloat16))
     t_f32 = _time_fp32(xq, wq)
     base = {
         "n": n,
@@ -144,8 +121,8 @@ def time_shape(d: Path, n: int, k: int, m: int, dev: str) -> list[dict]:
     for h in HINTS:
         path = d / f"{_name(n, k, h, 'bfloat16', False)}.so"
         if path.exists():
-            func = _load(path)
-            t = _time(lambda func=func: func(xq.blocks, xq.scales, wq.blocks, ws, y))
+            func = gpu_script.load(path)
+            t = gpu_script.median_us(lambda _, func=func: func(xq.blocks, xq.scales, wq.blocks, ws, y))
             row = {"kind": "time", "hints": h.__dict__, **base, "mxmx_us": t, "mxmx_tflops": flops / t / 1e6}
             rows.append({**row, "vs_cublas_bf16": t_bf16 / t})
             print(json.dumps(rows[-1]), flush=True)
@@ -159,7 +136,7 @@ def measure(d: Path, out: Path | None) -> None:
         for od in ("float32", "bfloat16"):
             path = d / f"{_name(CHECK[0], CHECK[1], h, od, True)}.so"
             if path.exists():
-                r = check(_load(path), CHECK[0], CHECK[1], CHECK[2], od, dev)
+                r = check(gpu_script.load(path), CHECK[0], CHECK[1], CHECK[2], od, dev)
                 rows.append({"kind": "check", "hints": h.__dict__, "out": od, **r})
                 print(json.dumps(rows[-1]), flush=True)
     for (n, k), m in itertools.product(SHAPES, (1024, 4096, 16384)):
@@ -170,12 +147,7 @@ def measure(d: Path, out: Path | None) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("build", "measure"))
-    p.add_argument("dir", type=Path)
-    p.add_argument("--out", type=Path)
-    a = p.parse_args(argv)
-    build(a.dir) if a.what == "build" else measure(a.dir, a.out)
+    gpu_script.cli(__doc__, build, measure, argv)
 
 
 if __name__ == "__main__":

@@ -11,13 +11,13 @@ medians of 20, weights and activations rotated so L2 holds no operand of the tim
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
 import time
 from pathlib import Path
 
+import gpu_script  # benchmarks/, beside this script
 import torch
 
 from mxgemm import formats, reference
@@ -71,15 +71,6 @@ def build(out: Path) -> None:
         print(f"built {name} in {time.time() - t:.1f} s", flush=True)
 
 
-def _load(path: Path):
-    import tvm
-
-    from mxgemm.codegen import nvcc
-
-    nvcc.load_cuda_runtime()
-    return tvm.runtime.load_module(str(path))["main"]
-
-
 def _weights(fmt, n, k, gen, dev):
     w = torch.randn(n, k, generator=gen, device=dev) * 0.02
     q = reference.quantize(w, fmt)
@@ -103,20 +94,6 @@ def check(func, fmt, n, k, m, dt, dev) -> dict:
     return {"max_err_over_abs_sum": float(err.max()), "finite": bool(torch.isfinite(y).all())}
 
 
-def _time(fn, reps=20) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(3):
-        fn(0)
-    ts = []
-    for i in range(reps):
-        start.record()
-        fn(i + 1)
-        end.record()
-        end.synchronize()
-        ts.append(start.elapsed_time(end) * 1e3)
-    return sorted(ts)[len(ts) // 2]
-
-
 def time_shape(d: Path, n: int, k: int, m: int, dev: str) -> list[dict]:
     gen = torch.Generator(dev).manual_seed(1)
     copies = max(2, -(-256 * 2**20 // (n * k * 2)))  # weights rotated past L2 (fp16 copies)
@@ -124,19 +101,19 @@ def time_shape(d: Path, n: int, k: int, m: int, dev: str) -> list[dict]:
     packed = [_weights("mxfp4", n, k, gen, dev) for _ in range(copies)]
     xs = [torch.randn(m, k, device=dev, dtype=torch.float16) for _ in range(copies)]
     y = torch.empty(m, n, dtype=torch.float16, device=dev)
-    t_cublas = _time(lambda i: torch.mm(xs[i % copies], w16[i % copies].T, out=y))
+    t_cublas = gpu_script.median_us(lambda i: torch.mm(xs[i % copies], w16[i % copies].T, out=y))
     rows = []
     for h, mt in VARIANTS:
         path = d / f"{_name('mxfp4', n, k, h, mt, 'float16', False)}.so"
         if not path.exists():
             continue
-        func = _load(path)
+        func = gpu_script.load(path)
 
         def run(i, func=func):
             q, codes, rmax = packed[i % copies]
             func(xs[i % copies], codes, q.scales, rmax, y)
 
-        t = _time(run)
+        t = gpu_script.median_us(run)
         row = {"n": n, "k": k, "m": m, "hints": h.__dict__, "m_tile": mt, "us": t, "cublas_fp16_us": t_cublas}
         rows.append({**row, "vs_cublas": t_cublas / t, "tflops": 2 * m * n * k / t / 1e6})
         print(json.dumps(rows[-1]), flush=True)
@@ -149,7 +126,7 @@ def measure(d: Path, out: Path | None) -> None:
     for (h, mt), (fmt, dt) in itertools.product(VARIANTS, CHECK_FORMATS):
         path = d / f"{_name(fmt, CHECK[0], CHECK[1], h, mt, dt, True)}.so"
         if path.exists():
-            r = check(_load(path), fmt, CHECK[0], CHECK[1], CHECK[2], dt, dev)
+            r = check(gpu_script.load(path), fmt, CHECK[0], CHECK[1], CHECK[2], dt, dev)
             rows.append({"kind": "check", "fmt": fmt, "dtype": dt, "hints": h.__dict__, "m_tile": mt, **r})
             print(json.dumps(rows[-1]), flush=True)
     for (n, k), m in itertools.product(SHAPES, MS):
@@ -160,12 +137,7 @@ def measure(d: Path, out: Path | None) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("build", "measure"))
-    p.add_argument("dir", type=Path)
-    p.add_argument("--out", type=Path)
-    a = p.parse_args(argv)
-    build(a.dir) if a.what == "build" else measure(a.dir, a.out)
+    gpu_script.cli(__doc__, build, measure, argv)
 
 
 if __name__ == "__main__":

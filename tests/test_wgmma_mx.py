@@ -6,9 +6,6 @@ emulation from the oracle's decode (ml_dtypes), one-hot rows bit for bit, NaN sc
 M, both column tiles; MxTensor ``X @ W.t()`` routed to it, eager and compiled.
 """
 
-import re
-import subprocess
-
 import numpy as np
 import pytest
 import torch
@@ -16,7 +13,7 @@ import torch
 import mxgemm
 from mxgemm import reference
 from mxgemm.codegen import wgmma_mx
-from tests import oracle
+from tests import oracle, ptxas
 
 SPEC = oracle.SPECS["mxfp8_e4m3"]
 
@@ -101,21 +98,7 @@ def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, hints):
     src = info["source"]
     assert f"wgmma.mma_async.sync.aligned.m64n{hints.bn}k32.f32.e4m3.e4m3" in src
     assert src.count("wgmma.wait_group.sync.aligned") >= hints.batch
-    (tmp_path / "k.cu").write_text(src)
-    cmd = [
-        "nvcc",
-        "-cubin",
-        "-O3",
-        "-std=c++17",
-        "-arch=sm_90a",
-        "-Xptxas",
-        "-v",
-        "-o",
-        str(tmp_path / "k.cubin"),
-    ]
-    log = subprocess.run([*cmd, str(tmp_path / "k.cu")], capture_output=True, text=True, check=True).stderr
-    assert "C7514" not in log and "serialized" not in log, log
-    assert re.search(r"0 bytes spill stores, 0 bytes spill loads", log), log
+    ptxas.assert_wgmmas_async_no_spills(src, tmp_path)
 
 
 # ---- on a Hopper GPU ----------------------------------------------------------------------------------

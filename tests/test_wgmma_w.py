@@ -6,16 +6,13 @@ ptxas keeps its wgmmas asynchronous and spills nothing. GPU (Hopper): against a 
 the oracle's dequantized weights (ml_dtypes), one-hot activation rows bit for bit.
 """
 
-import re
-import subprocess
-
 import numpy as np
 import pytest
 import torch
 
 from mxgemm import formats, packing, reference
 from mxgemm.codegen import pairs, wgmma_w
-from tests import oracle
+from tests import oracle, ptxas
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -73,21 +70,7 @@ def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints, m_tile):
     )
     src = builder.compile_export(tvm.IRModule({"main": f}), TARGET, tmp_path / "k.so")["source"]
     assert f"wgmma.mma_async.sync.aligned.m64n{m_tile}k16.f32.{ab}.{ab}" in src
-    (tmp_path / "k.cu").write_text(src)
-    cmd = [
-        "nvcc",
-        "-cubin",
-        "-O3",
-        "-std=c++17",
-        "-arch=sm_90a",
-        "-Xptxas",
-        "-v",
-        "-o",
-        str(tmp_path / "k.cubin"),
-    ]
-    log = subprocess.run([*cmd, str(tmp_path / "k.cu")], capture_output=True, text=True, check=True).stderr
-    assert "C751" not in log and "serialized" not in log, log
-    assert re.search(r"0 bytes spill stores, 0 bytes spill loads", log), log
+    ptxas.assert_wgmmas_async_no_spills(src, tmp_path)
 
 
 # ---- on a Hopper GPU (kernels built where TVM can build them) -----------------------------------------

@@ -48,6 +48,16 @@ def descriptor(T, buf, which: int, start):  # noqa: N803
     return tirx.BufferLoad(buf, [which])
 
 
+def main_args(T, names, bias: bool):  # noqa: N803
+    """Open the PrimFunc ``main`` (no aliasing): the dynamic row count ``m`` (int64) and the handles of
+    the arguments ``names``, then ``Bias`` (if ``bias``, else None), then ``Y``."""
+    T.func_name("main")
+    T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+    handles = [T.arg(name, T.handle()) for name in names]
+    bias_h = T.arg("Bias", T.handle()) if bias else None
+    return tirx.Var("m", "int64"), handles, bias_h, T.arg("Y", T.handle())
+
+
 def when(T, conds, stmt) -> None:  # noqa: N803
     """``stmt`` under the conjunction of ``conds`` (none: unconditionally)."""
     if not conds:

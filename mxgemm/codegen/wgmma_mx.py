@@ -34,7 +34,7 @@ import torch
 from tvm import tirx
 
 from mxgemm.codegen.decode import scale_expr
-from mxgemm.codegen.wgmma import SMEM_MAX, cached, descriptor, smem_addr, swizzled, when
+from mxgemm.codegen.wgmma import SMEM_MAX, cached, descriptor, main_args, smem_addr, swizzled, when
 
 STEP = 32  # K per wgmma (fp8): one scale block
 BK = 128  # K per ring slot: one 128-byte swizzle row of fp8 codes, 4 steps
@@ -163,18 +163,9 @@ def matmul(
     return y
 
 
-@torch.library.custom_op("mxgemm::fp8_matmul", mutates_args=())
-def op(
-    xa: torch.Tensor,
-    xs: torch.Tensor,
-    w: torch.Tensor,
-    ws: torch.Tensor,
-    out_dtype: torch.dtype,
-    bias: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """:func:`matmul` as the custom op ``torch.ops.mxgemm.fp8_matmul`` (fake kernel included), which
-    torch.compile and export trace as one node."""
-    return matmul(xa, xs, w, ws, out_dtype, bias)
+# :func:`matmul` as the custom op ``torch.ops.mxgemm.fp8_matmul`` (fake kernel included), which
+# torch.compile and export trace as one node
+op = torch.library.custom_op("mxgemm::fp8_matmul", mutates_args=())(matmul)
 
 
 @op.register_fake
@@ -242,13 +233,8 @@ class _Kernel:
 
     def emit(self) -> None:
         T, h, n, k = self.T, self.h, self.n, self.k
-        T.func_name("main")
-        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-        m = tirx.Var("m", "int64")
+        m, handles, bias_h, y_h = main_args(T, ("XA", "XS", "W", "WS"), self.bias)
         self.m = m
-        handles = [T.arg(name, T.handle()) for name in ("XA", "XS", "W", "WS")]
-        bias_h = T.arg("Bias", T.handle()) if self.bias else None
-        y_h = T.arg("Y", T.handle())
         self.XA = T.match_buffer(handles[0], (m, k), "uint8")
         self.XS = T.match_buffer(handles[1], (m, k // STEP), "uint8")
         self.W = T.match_buffer(handles[2], (n, k), "uint8")

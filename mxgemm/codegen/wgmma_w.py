@@ -35,7 +35,7 @@ from tvm import tirx
 from mxgemm import formats
 from mxgemm.codegen import pairs
 from mxgemm.codegen.decode import u32
-from mxgemm.codegen.wgmma import ROW, SMEM_MAX, cached, descriptor, smem_addr, swizzled, when
+from mxgemm.codegen.wgmma import ROW, SMEM_MAX, cached, descriptor, main_args, smem_addr, swizzled, when
 
 STEP = 32  # K per scale block: two k16 wgmmas
 BK = 128  # K per ring slot
@@ -152,13 +152,8 @@ class _Kernel:
 
     def emit(self) -> None:
         T, h, n, k = self.T, self.h, self.n, self.k
-        T.func_name("main")
-        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-        m = tirx.Var("m", "int64")
+        m, handles, bias_h, y_h = main_args(T, ("A", "B", "S", "R"), self.bias)
         self.m = m
-        handles = [T.arg(name, T.handle()) for name in ("A", "B", "S", "R")]
-        bias_h = T.arg("Bias", T.handle()) if self.bias else None
-        y_h = T.arg("Y", T.handle())
         self.A = T.match_buffer(handles[0], (m, k), self.a_dtype)
         self.B = T.match_buffer(handles[1], (n, k * self.w // 8), "uint8")
         self.S = T.match_buffer(handles[2], (n, k // STEP), "uint8")

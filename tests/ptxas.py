@@ -1,0 +1,20 @@
+"""ptxas's report on a kernel's CUDA source (nvcc -Xptxas -v), for the tests of hand-scheduled kernels."""
+
+import re
+import subprocess
+
+
+def report(src: str, tmp_path, arch: str = "sm_90a") -> str:
+    """ptxas's verbose report (stderr) of compiling ``src`` for ``arch``."""
+    cu, cubin = tmp_path / "k.cu", tmp_path / "k.cubin"
+    cu.write_text(src)
+    cmd = ["nvcc", "-cubin", "-O3", "-std=c++17", f"-arch={arch}", "-Xptxas", "-v", "-o", str(cubin), str(cu)]
+    return subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+
+
+def assert_wgmmas_async_no_spills(src: str, tmp_path) -> None:
+    """ptxas neither serializes the kernel's wgmmas (C7514/C7515: a fragment or operand register touched
+    while a wgmma is in flight) nor spills registers."""
+    log = report(src, tmp_path)
+    assert "C751" not in log and "serialized" not in log, log
+    assert re.search(r"0 bytes spill stores, 0 bytes spill loads", log), log
