@@ -35,6 +35,14 @@ def median_us(fn: Callable[[int], object], reps: int = 20) -> float:
     return sorted(ts)[len(ts) // 2]
 
 
+def write_rows(rows: list[dict], out: Path | None) -> None:
+    """``rows`` as JSON lines to ``out`` (if given)."""
+    import json
+
+    if out:
+        out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
 def cli(
     doc: str, build: Callable[[Path], None], measure: Callable[[Path, Path | None], None], argv=None
 ) -> None:

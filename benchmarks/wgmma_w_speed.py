@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -131,14 +130,8 @@ def measure(d: Path, out: Path | None) -> None:
             print(json.dumps(rows[-1]), flush=True)
     for (n, k), m in itertools.product(SHAPES, MS):
         rows += time_shape(d, n, k, m, dev)
-        torch.cuda.empty_cache()
-    if out:
-        out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def main(argv=None) -> None:
-    gpu_script.cli(__doc__, build, measure, argv)
+    gpu_script.write_rows(rows, out)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    gpu_script.cli(__doc__, build, measure)

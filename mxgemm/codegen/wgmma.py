@@ -58,6 +58,18 @@ def main_args(T, names, bias: bool):  # noqa: N803
     return tirx.Var("m", "int64"), handles, bias_h, T.arg("Y", T.handle())
 
 
+def ring_turn(T, it, stages: int, ahead: int, iters: int, issue) -> None:  # noqa: N803
+    """The head of iteration ``it`` of a ``cp.async`` ring run ``ahead`` slots in advance: wait for its
+    copies, a block barrier (every thread's copies visible; the slot refilled next is free), refill
+    with iteration ``it + ahead`` by ``issue(iteration, slot)``, commit."""
+    T.evaluate(T.ptx["cp.async.wait_group"](ahead - 1))
+    T.evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
+    with T.If(it + ahead < iters):
+        with T.Then():
+            issue(it + ahead, (it + ahead) % stages)
+    T.evaluate(T.ptx["cp.async.commit_group"]())
+
+
 def when(T, conds, stmt) -> None:  # noqa: N803
     """``stmt`` under the conjunction of ``conds`` (none: unconditionally)."""
     if not conds:

@@ -34,7 +34,7 @@ import torch
 from tvm import tirx
 
 from mxgemm.codegen.decode import scale_expr
-from mxgemm.codegen.wgmma import SMEM_MAX, cached, descriptor, main_args, smem_addr, swizzled, when
+from mxgemm.codegen.wgmma import SMEM_MAX, cached, descriptor, main_args, ring_turn, smem_addr, swizzled, when
 
 STEP = 32  # K per wgmma (fp8): one scale block
 BK = 128  # K per ring slot: one 128-byte swizzle row of fp8 codes, 4 steps
@@ -347,12 +347,7 @@ class _Kernel:
             T.evaluate(commit())
         with T.serial(0, self.iters) as it:
             slot = it % h.stages
-            T.evaluate(T.ptx["cp.async.wait_group"](self.ahead - 1))
-            T.evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
-            with T.If(it + self.ahead < self.iters):
-                with T.Then():
-                    self.issue(it + self.ahead, (it + self.ahead) % h.stages)
-            T.evaluate(commit())
+            ring_turn(T, it, h.stages, self.ahead, self.iters, self.issue)
             # a batch's wgmmas issued together; each promoted once done, the later ones still running
             # (ptxas keeps them asynchronous in this order; a wgmma issued while an earlier
             # fragment is read makes it serialize them all)

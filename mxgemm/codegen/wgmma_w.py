@@ -35,7 +35,17 @@ from tvm import tirx
 from mxgemm import formats
 from mxgemm.codegen import pairs
 from mxgemm.codegen.decode import u32
-from mxgemm.codegen.wgmma import ROW, SMEM_MAX, cached, descriptor, main_args, smem_addr, swizzled, when
+from mxgemm.codegen.wgmma import (
+    ROW,
+    SMEM_MAX,
+    cached,
+    descriptor,
+    main_args,
+    ring_turn,
+    smem_addr,
+    swizzled,
+    when,
+)
 
 STEP = 32  # K per scale block: two k16 wgmmas
 BK = 128  # K per ring slot
@@ -294,12 +304,7 @@ class _Kernel:
     def iteration(self, it, buf: int) -> None:
         T, h = self.T, self.h
         slot = it % h.stages
-        T.evaluate(T.ptx["cp.async.wait_group"](self.ahead - 1))
-        T.evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
-        with T.If(it + self.ahead < self.iters):
-            with T.Then():
-                self.issue(it + self.ahead, (it + self.ahead) % h.stages)
-        T.evaluate(T.ptx["cp.async.commit_group"]())
+        ring_turn(T, it, h.stages, self.ahead, self.iters, self.issue)
         self.decode(slot, buf)
         self.mma(slot, buf)
         # double: the previous slot's wgmmas are done (their fragments and slot free), this one's run on
