@@ -5,8 +5,9 @@ time on the GPU box.
     python benchmarks/wgmma_w_speed.py measure DIR [--out F]  # there: runtime-only TVM + torch
 
 ``measure`` checks every built kernel against a float64 product of the dequantized weights on a
-ragged shape, then times mxfp4 fp16 against cuBLAS fp16 (``torch.mm``, same process, CUDA events,
-medians of 20, weights and activations rotated so L2 holds no operand of the timed call).
+ragged shape (also with rows whose scales do not fold: the unfolded path), then times mxfp4 fp16
+against cuBLAS fp16 (``torch.mm``, same process, CUDA events, medians of 20, weights and activations
+rotated so L2 holds no operand of the timed call).
 """
 
 from __future__ import annotations
@@ -70,20 +71,22 @@ def build(out: Path) -> None:
         print(f"built {name} in {time.time() - t:.1f} s", flush=True)
 
 
-def _weights(fmt, n, k, gen, dev):
+def _weights(fmt, n, k, gen, dev, spread: bool = False):
+    """A quantized random weight; ``spread``: rows whose block scales span 40 binades (no fold)."""
     w = torch.randn(n, k, generator=gen, device=dev) * 0.02
-    q = reference.quantize(w, fmt)
-    return q, wgmma_w.permute_codes(q.blocks, formats.get(fmt).bits), q.scales.amax(dim=1).contiguous()
+    if spread:
+        w = w * torch.exp2(torch.linspace(-20, 20, k // 32, device=dev)).repeat_interleave(32)
+    return reference.quantize(w, fmt)
 
 
-def check(func, fmt, n, k, m, dt, dev) -> dict:
+def check(func, fmt, n, k, m, dt, dev, spread: bool = False) -> dict:
     gen = torch.Generator(dev).manual_seed(n + k + m)
-    q, codes, rmax = _weights(fmt, n, k, gen, dev)
+    q = _weights(fmt, n, k, gen, dev, spread)
     dtype = getattr(torch, dt)
     x = (torch.randn(m, k, generator=gen, device=dev) * 2).to(dtype)
     bias = torch.randn(n, generator=gen, device=dev).to(dtype)
     y = torch.empty(m, n, dtype=dtype, device=dev)
-    func(x, codes, q.scales, rmax, bias, y)
+    func(x, q.blocks, q.scales, bias, y)
     torch.cuda.synchronize()
     wd = reference.dequantize(q, torch.float64)
     ref = x.double() @ wd.T + bias.double()
@@ -109,8 +112,8 @@ def time_shape(d: Path, n: int, k: int, m: int, dev: str) -> list[dict]:
         func = gpu_script.load(path)
 
         def run(i, func=func):
-            q, codes, rmax = packed[i % copies]
-            func(xs[i % copies], codes, q.scales, rmax, y)
+            q = packed[i % copies]
+            func(xs[i % copies], q.blocks, q.scales, y)
 
         t = gpu_script.median_us(run)
         row = {"n": n, "k": k, "m": m, "hints": h.__dict__, "m_tile": mt, "us": t, "cublas_fp16_us": t_cublas}
@@ -125,9 +128,11 @@ def measure(d: Path, out: Path | None) -> None:
     for (h, mt), (fmt, dt) in itertools.product(VARIANTS, CHECK_FORMATS):
         path = d / f"{_name(fmt, CHECK[0], CHECK[1], h, mt, dt, True)}.so"
         if path.exists():
-            r = check(gpu_script.load(path), fmt, CHECK[0], CHECK[1], CHECK[2], dt, dev)
-            rows.append({"kind": "check", "fmt": fmt, "dtype": dt, "hints": h.__dict__, "m_tile": mt, **r})
-            print(json.dumps(rows[-1]), flush=True)
+            for spread in (False, True):
+                r = check(gpu_script.load(path), fmt, CHECK[0], CHECK[1], CHECK[2], dt, dev, spread)
+                row = {"kind": "check", "fmt": fmt, "dtype": dt, "hints": h.__dict__, "m_tile": mt}
+                rows.append({**row, "unfolded": spread, **r})
+                print(json.dumps(rows[-1]), flush=True)
     for (n, k), m in itertools.product(SHAPES, MS):
         rows += time_shape(d, n, k, m, dev)
     gpu_script.write_rows(rows, out)

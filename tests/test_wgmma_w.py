@@ -1,9 +1,9 @@
 """The decode-fused wgmma GEMM prototype (mxgemm.codegen.wgmma_w).
 
-CPU: its K order against the definition (each lane's 8 codes are K 2j, 2j+1, 2j+8, 2j+9 and +16 of
-a 32-code block), ``foldable`` against the fold's spread, hint and shape checks, and (nvcc) that
-ptxas keeps its wgmmas asynchronous and spills nothing. GPU (Hopper): against a float64 product of
-the oracle's dequantized weights (ml_dtypes), one-hot activation rows bit for bit.
+CPU: hint and shape checks, and (nvcc) that ptxas keeps its wgmmas asynchronous and spills nothing.
+GPU (Hopper): against a float64 product of the oracle's dequantized weights (ml_dtypes), folded and
+unfolded (rows whose scales span more binades than the fold allows, NaN scales), one-hot activation
+rows bit for bit (which also pins the K order each lane gathers from the portable codes).
 """
 
 import numpy as np
@@ -11,35 +11,8 @@ import pytest
 import torch
 
 from mxgemm import formats, packing, reference
-from mxgemm.codegen import pairs, wgmma_w
+from mxgemm.codegen import wgmma_w
 from tests import oracle, ptxas
-
-
-@pytest.mark.parametrize("bits", [4, 8])
-def test_permute_codes_puts_each_lanes_k_together(bits):
-    n, k = 3, 96
-    codes = torch.randint(
-        0, 2**bits, (n, k), dtype=torch.uint8, generator=torch.Generator().manual_seed(bits)
-    )
-    got = packing.unpack(wgmma_w.permute_codes(packing.pack(codes, bits), bits), bits)
-    for b in range(k // 32):
-        for j in range(4):
-            lane = [2 * j, 2 * j + 1, 2 * j + 8, 2 * j + 9]  # the step's first k16 wgmma, then +16
-            want = codes[:, [32 * b + kk + 16 * g for g in range(2) for kk in lane]]
-            assert torch.equal(got[:, 32 * b + 8 * j : 32 * b + 8 * j + 8], want)
-
-
-def test_foldable_follows_the_spread():
-    fmt = formats.get("mxfp4")
-    spread = pairs.fold(fmt, "float16").spread
-    s = torch.full((2, 8), 120, dtype=torch.uint8)
-    assert wgmma_w.foldable(fmt, s, "float16")
-    s[1, 3] = 120 - spread
-    assert wgmma_w.foldable(fmt, s, "float16")
-    s[1, 3] = 120 - spread - 1
-    assert not wgmma_w.foldable(fmt, s, "float16")
-    s[1, 3] = 255  # a NaN scale never folds
-    assert not wgmma_w.foldable(fmt, s, "float16")
 
 
 def test_applies_names_the_problem():
@@ -48,7 +21,7 @@ def test_applies_names_the_problem():
     assert "6 bits" in wgmma_w.applies(fp6, 8192, 8192, 128, "float16")
     assert "N=192 is not a multiple of 128" in wgmma_w.applies(fp4, 192, 8192, 128, "float16")
     assert "K=384 is not a multiple of 256" in wgmma_w.applies(fp4, 256, 384, 128, "float16")
-    assert "M tile 32" in wgmma_w.applies(fp4, 256, 512, 32, "float16")
+    assert "M tile 256" in wgmma_w.applies(fp4, 256, 512, 256, "float16")
     with pytest.raises(ValueError, match="wg 1..4"):
         wgmma_w.Hints(wg=5)
 
@@ -89,9 +62,8 @@ hopper = pytest.mark.skipif(
 def _run(fmt, x, q, dtype, hints, m_tile, bias=None):
     n, k = q.shape
     func = wgmma_w.compiled(fmt, n, k, m_tile, dtype, bias is not None, hints)
-    codes = wgmma_w.permute_codes(q.blocks, formats.get(fmt).bits)
     y = torch.empty(x.shape[0], n, dtype=x.dtype, device="cuda")
-    func(x, codes, q.scales, q.scales.amax(dim=1).contiguous(), *([bias] if bias is not None else []), y)
+    func(x, q.blocks, q.scales, *([bias] if bias is not None else []), y)
     return y
 
 
@@ -106,27 +78,29 @@ def _dequant(q, fmt) -> torch.Tensor:
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize(
-    ("fmt", "dtype"),
-    [("mxfp4", "float16"), ("mxfp4", "bfloat16"), ("mxfp8_e4m3", "float16"), ("mxint8", "bfloat16")],
-)
-@pytest.mark.parametrize(
-    ("hints", "m_tile", "m"), [(wgmma_w.Hints(), 128, 200), (wgmma_w.Hints(1, 4, 1), 64, 37)]
-)
-def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m_tile, m):
+@pytest.mark.parametrize(("fmt", "dtype"), GPU_FORMATS)
+@pytest.mark.parametrize(("hints", "m_tile", "m"), GPU_TILES)
+@pytest.mark.parametrize("unfolded", [False, True])
+def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m_tile, m, unfolded):
     torch.manual_seed(0)
     n, k = 256, 512
-    q = reference.quantize(torch.randn(n, k, device="cuda") * 0.05, fmt)
+    w = torch.randn(n, k, device="cuda") * 0.05
+    if unfolded:  # one row's scales span 32 binades (past every fold's spread), one has a NaN scale
+        w[5] *= torch.exp2(torch.linspace(-16, 16, k // 32, device="cuda")).repeat_interleave(32)
+    q = reference.quantize(w, fmt)
+    if unfolded:
+        q.scales[9, 3] = 255
     dt = getattr(torch, dtype)
     x = (torch.randn(m, k, device="cuda") * 2).to(dt)
     bias = torch.randn(n, device="cuda").to(dt)
     y = _run(fmt, x, q, dtype, hints, m_tile, bias).cpu().double()
     wd = _dequant(q, fmt)
     ref = x.cpu().double() @ wd.T + bias.cpu().double()
-    bound = x.cpu().double().abs() @ wd.abs().T * 2.0**-20 + ref.abs() * 2.0 ** -(
-        11 if dtype == "float16" else 8
-    )
-    assert ((y - ref).abs() <= bound).all()
+    rounding = 2.0 ** -(11 if dtype == "float16" else 8)
+    bound = x.cpu().double().abs() @ wd.abs().T * 2.0**-20 + ref.abs() * rounding
+    nan = torch.isnan(ref)
+    assert bool(nan.any()) == unfolded and torch.equal(torch.isnan(y), nan)
+    assert ((y - ref).abs()[~nan] <= bound[~nan]).all()
 
 
 @pytest.mark.gpu

@@ -70,6 +70,24 @@ def ring_turn(T, it, stages: int, ahead: int, iters: int, issue) -> None:  # noq
     T.evaluate(T.ptx["cp.async.commit_group"]())
 
 
+# an empty asm that reads and writes 8 fragment registers: the compiler keeps their reads after the
+# wgmma.wait_group before it (TVM's noop barrier takes its register by value, so it fences nothing)
+FENCE8 = (
+    "__device__ __forceinline__ void mxgemm_fence8(float& a, float& b, float& c, float& d, float& e, "
+    "float& f, float& g, float& h) {\n"
+    '  asm volatile("" : "+f"(a), "+f"(b), "+f"(c), "+f"(d), "+f"(e), "+f"(f), "+f"(g), "+f"(h)'
+    ' :: "memory");\n'
+    "}\n"
+)
+
+
+def fence_regs(T, regs) -> None:  # noqa: N803
+    """Keep the compiler's reads of fragment registers ``regs`` (loads of a local float32 buffer, a
+    multiple of 8) after the ``wgmma.wait_group`` that precedes this."""
+    for i in range(0, len(regs), 8):
+        T.evaluate(T.cuda.func_call("mxgemm_fence8", *regs[i : i + 8], source_code=FENCE8))
+
+
 def when(T, conds, stmt) -> None:  # noqa: N803
     """``stmt`` under the conjunction of ``conds`` (none: unconditionally)."""
     if not conds:

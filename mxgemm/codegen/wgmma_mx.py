@@ -34,13 +34,21 @@ import torch
 from tvm import tirx
 
 from mxgemm.codegen.decode import scale_expr
-from mxgemm.codegen.wgmma import SMEM_MAX, cached, descriptor, main_args, ring_turn, smem_addr, swizzled, when
+from mxgemm.codegen.wgmma import (
+    SMEM_MAX,
+    cached,
+    descriptor,
+    fence_regs,
+    main_args,
+    ring_turn,
+    smem_addr,
+    swizzled,
+    when,
+)
 
 STEP = 32  # K per wgmma (fp8): one scale block
 BK = 128  # K per ring slot: one 128-byte swizzle row of fp8 codes, 4 steps
 REG_SPARE = 40  # registers a thread needs besides its fragments
-# an empty asm that reads and writes 8 fragment registers: the compiler keeps their reads after the
-# wgmma.wait_group before it (TVM's noop barrier takes its register by value, so it fences nothing)
 FENCE8 = (
     "__device__ __forceinline__ void mxgemm_fence8(float& a, float& b, float& c, float& d, float& e, "
     "float& f, float& g, float& h) {\n"
@@ -314,9 +322,7 @@ class _Kernel:
         wrote it is done (``wait_group`` before; the empty asm keeps the compiler's reads of the
         fragment after it)."""
         T, h = self.T, self.h
-        for i in range(0, self.frag, 8):
-            regs = [tirx.BufferLoad(self.tmp, [frag, i + r]) for r in range(8)]
-            T.evaluate(T.cuda.func_call("mxgemm_fence8", *regs, source_code=FENCE8))
+        fence_regs(T, [tirx.BufferLoad(self.tmp, [frag, i]) for i in range(self.frag)])
         sb = BK // STEP
         q, quad = self.lane % 4, self.lane // 4
         ld = T.ptx.ld.shared

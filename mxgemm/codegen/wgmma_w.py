@@ -29,17 +29,17 @@ import itertools
 import math
 from dataclasses import asdict, dataclass
 
-import torch
 from tvm import tirx
 
 from mxgemm import formats
 from mxgemm.codegen import pairs
-from mxgemm.codegen.decode import u32
+from mxgemm.codegen.decode import scale_expr, u32
 from mxgemm.codegen.wgmma import (
     ROW,
     SMEM_MAX,
     cached,
     descriptor,
+    fence_regs,
     main_args,
     ring_turn,
     smem_addr,
@@ -82,33 +82,11 @@ def applies(fmt: formats.Format, n: int, k: int, m_tile: int, a_dtype: str, h: H
         return f"N={n} is not a multiple of {64 * h.wg}"
     if k % (2 * BK if h.double else BK):
         return f"K={k} is not a multiple of {2 * BK if h.double else BK}"
-    if m_tile not in (64, 128, 256):
-        return f"M tile {m_tile} (64, 128 or 256)"
+    if m_tile not in (64, 128):  # 256: the unfolded path's fragment would spill
+        return f"M tile {m_tile} (64 or 128)"
     if h.stages * h.slot_bytes(m_tile, fmt.bits)[2] > SMEM_MAX:
         return f"{h.stages} slots of {h.slot_bytes(m_tile, fmt.bits)[2]} bytes exceed {SMEM_MAX}"
     return None
-
-
-def foldable(fmt: formats.Format, scales: torch.Tensor, a_dtype: str) -> bool:
-    """Whether every row of uint8 E8M0 ``scales [n, k/32]`` lies within the fold's spread of its largest
-    code, with no NaN (255) code: the kernel's condition."""
-    f = pairs.fold(fmt, a_dtype)
-    if f is None:
-        return False
-    top, bottom = scales.amax(dim=1).int(), scales.amin(dim=1).int()
-    return bool(((top != 255) & (top - bottom <= f.spread)).all())
-
-
-def permute_codes(blocks: torch.Tensor, bits: int) -> torch.Tensor:
-    """Portable uint8 codes ``[n, k*bits/8]`` → the kernel's K order (module docstring), same shape:
-    stored code ``8j + 4g + 2h + e`` of each 32-code block is code ``16g + 8h + 2j + e``."""
-    from mxgemm import packing
-
-    n = blocks.shape[0]
-    codes = packing.unpack(blocks, bits).reshape(n, -1, STEP)
-    j, g, h, e = torch.meshgrid(*(torch.arange(s) for s in (4, 2, 2, 2)), indexing="ij")
-    src = (16 * g + 8 * h + 2 * j + e).reshape(-1).to(blocks.device)
-    return packing.pack(codes[:, :, src].reshape(n, -1), bits)
 
 
 def kernel(
@@ -122,9 +100,9 @@ def kernel(
     a_dtype: str,
     hints: Hints = Hints(),
 ) -> tirx.PrimFunc:
-    """The kernel as a PrimFunc: A ``a_dtype [m, k]`` (m dynamic), B uint8 ``[n, k*bits/8]``
-    (:func:`permute_codes`), S uint8 ``[n, k/32]``, R uint8 ``[n]`` (each row's largest scale code),
-    Bias ``out_dtype [n]`` (if ``bias``), Y ``out_dtype [m, n]``."""
+    """The kernel as a PrimFunc with :func:`~mxgemm.codegen.prim_func.prim_func`'s arguments: A
+    ``a_dtype [m, k]`` (m dynamic), B uint8 ``[n, k*bits/8]`` (the portable codes, one plane), S uint8
+    ``[n, k/32]``, Bias ``out_dtype [n]`` (if ``bias``), Y ``out_dtype [m, n]``."""
     why = applies(fmt, n, k, m_tile, a_dtype, hints)
     if why:
         raise ValueError(f"wgmma_w: {why}")
@@ -138,7 +116,7 @@ def kernel(
 
 
 def compiled(fmt: str, n: int, k: int, m_tile: int, dtype: str, bias: bool, hints: Hints = Hints()):
-    """The kernel (called ``f(A, B, S, R, [Bias], Y)``, :func:`kernel`'s arguments, activations and
+    """The kernel (called ``f(A, B, S, [Bias], Y)``, :func:`kernel`'s arguments, activations and
     outputs in ``dtype``), built once into the kernel cache."""
     spec = {"op": "wgmma_w", "fmt": fmt, "n": n, "k": k, "m_tile": m_tile, "dtype": dtype, "bias": bias}
     f = formats.get(fmt)
@@ -162,12 +140,11 @@ class _Kernel:
 
     def emit(self) -> None:
         T, h, n, k = self.T, self.h, self.n, self.k
-        m, handles, bias_h, y_h = main_args(T, ("A", "B", "S", "R"), self.bias)
+        m, handles, bias_h, y_h = main_args(T, ("A", "B", "S"), self.bias)
         self.m = m
         self.A = T.match_buffer(handles[0], (m, k), self.a_dtype)
         self.B = T.match_buffer(handles[1], (n, k * self.w // 8), "uint8")
         self.S = T.match_buffer(handles[2], (n, k // STEP), "uint8")
-        self.R = T.match_buffer(handles[3], (n,), "uint8")
         self.Bias = T.match_buffer(bias_h, (n,), self.out_dtype) if self.bias else None
         self.Y = T.match_buffer(y_h, (m, n), self.out_dtype)
 
@@ -198,16 +175,51 @@ class _Kernel:
         return self.wg * 64 + self.warp * 16 + self.quad + 8 * r
 
     def rows_fold(self) -> None:
-        """The multiplier addends (:attr:`fold_add`) and output exponents (:attr:`out_exp`) of this
-        thread's two rows, from their largest scale codes (R)."""
-        T, fold = self.T, self.fold
+        """Whether the block's scales fold (:attr:`fast`, the same in every thread), and this thread's
+        two rows' multiplier addends (:attr:`fold_add`) and output exponents (:attr:`out_exp`): each
+        lane scans a quarter of its rows' scale codes (uint32 words, byte-wise max and min), the
+        quad's lanes combine theirs; a block folds when no row of it has a NaN code and every row's
+        codes lie within the fold's spread of the row's largest."""
+        T, fold, k = self.T, self.fold, self.k
+        words = k // STEP // 4  # of a row
+        s32 = T.decl_buffer((self.n * words,), "uint32", data=self.S.data)
+        vmax = lambda a, b: tirx.call_pure_extern("uint32", "__vmaxu4", a, b)  # noqa: E731
+        vmin = lambda a, b: tirx.call_pure_extern("uint32", "__vminu4", a, b)  # noqa: E731
+        shfl = lambda v, m: tirx.call_extern("uint32", "__shfl_xor_sync", u32(0xFFFFFFFF), v, m)  # noqa: E731
+        hi = T.alloc_buffer((2,), "uint32", scope="local")
+        lo = T.alloc_buffer((2,), "uint32", scope="local")
+        for r in range(2):
+            T.buffer_store(hi, u32(0), [r])
+            T.buffer_store(lo, u32(0xFFFFFFFF), [r])
+        with T.serial(0, -(-words // 4)) as i:
+            w = self.j + 4 * i
+            with T.If(w < words):
+                with T.Then():
+                    for r in range(2):
+                        v = tirx.BufferLoad(s32, [(self.n0 + self.row(r)) * words + w])
+                        T.buffer_store(hi, vmax(hi[r], v), [r])
+                        T.buffer_store(lo, vmin(lo[r], v), [r])
+        ok = T.alloc_buffer((1,), "int32", scope="local")
+        T.buffer_store(ok, tirx.const(1, "int32"), [0])
         self.fold_add = T.alloc_buffer((2,), "uint32", scope="local")
         self.out_exp = T.alloc_buffer((2,), "int32", scope="local")
         oe = round(math.log2(pairs.out_factor(self.fmt)))
         for r in range(2):
-            top = u32(tirx.BufferLoad(self.R, [self.n0 + self.row(r)]))
+            for buf, op in ((hi, vmax), (lo, vmin)):
+                T.buffer_store(buf, op(buf[r], buf[r] >> u32(16)), [r])
+                T.buffer_store(buf, op(buf[r], buf[r] >> u32(8)) & u32(255), [r])
+                for m in (1, 2):  # the quad's four lanes hold the same rows
+                    T.buffer_store(buf, op(buf[r], shfl(buf[r], m)), [r])
+            top = tirx.BufferLoad(hi, [r])
+            good = tirx.And(top != u32(255), top - tirx.BufferLoad(lo, [r]) <= u32(fold.spread))
+            T.buffer_store(ok, ok[0] & tirx.Cast("int32", good), [0])
             T.buffer_store(self.fold_add, (u32(fold.offset + fold.c0) - top) * u32(fold.mul), [r])
             T.buffer_store(self.out_exp, tirx.Cast("int32", top) - (127 + fold.c0 - oe), [r])
+        self.fast = T.alloc_buffer((1,), "int32", scope="local")
+        T.buffer_store(self.fast, tirx.call_extern("int32", "__syncthreads_and", ok[0]), [0])
+        for r in range(2):  # unfolded: the sums times out_factor alone
+            out = tirx.Select(self.fast[0] != 0, self.out_exp[r], tirx.const(oe, "int32"))
+            T.buffer_store(self.out_exp, out, [r])
 
     # ---- shared memory ------------------------------------------------------------------------
 
@@ -250,65 +262,116 @@ class _Kernel:
 
     # ---- decode and wgmma -----------------------------------------------------------------------
 
-    def decode(self, slot, buf: int) -> None:
-        """This thread's fragments of the slot's 4 steps into ``afr[buf]``: codes of its two rows,
-        pairs decoded and multiplied by their folded block scale."""
-        T, w = self.T, self.w
+    def lane_words(self, slot, row, u, words, r) -> None:
+        """This lane's codes of step ``u`` of ``row`` into ``words[u, r]``: the 8 codes of K ``2j, 2j+1,
+        2j+8, 2j+9`` and ``+16`` (the step's two k16 wgmmas), gathered from the step's portable bytes
+        with ``prmt`` (4-bit codes: bytes ``j, 4+j, 8+j, 12+j``; 8-bit: half ``j % 2`` of words
+        ``j/2, 2+j/2, 4+j/2, 6+j/2``)."""
+        T, j = self.T, self.j
         ld = T.ptx.ld.shared
+        perm = lambda a, b, sel: tirx.call_pure_extern("uint32", "__byte_perm", a, b, sel)  # noqa: E731
+        raw = T.alloc_buffer((2 * (self.w // 4),), "uint32", scope="local")
+        raw4 = [[raw[4 * c + i] for i in range(4)] for c in range(self.w // 4)]
+        for c in range(self.w // 4):
+            T.evaluate(ld.v4.b32(*raw4[c], self._addr(slot, self._code_chunk(row, (self.w // 4) * u + c))))
+        ju = tirx.Cast("uint32", j)
+        if self.w == 4:
+            pick = ju | ((ju + u32(4)) << u32(4))  # byte j of the first word, then of the second
+            lo, hi = perm(raw4[0][0], raw4[0][1], pick), perm(raw4[0][2], raw4[0][3], pick)
+            T.buffer_store(words, perm(lo, hi, u32(0x5410)), [u, r, 0])
+            return
+        half = (ju % u32(2)) * u32(2)  # half j % 2 of the first word, then of the second
+        pick = half | ((half + u32(1)) << u32(4)) | ((half + u32(4)) << u32(8)) | ((half + u32(5)) << u32(12))
+        odd = j >= 2  # words j / 2 + 2i
+        word = lambda i: tirx.Select(odd, raw[2 * i + 1], raw[2 * i])  # noqa: E731
+        for out in range(2):
+            T.buffer_store(words, perm(word(2 * out), word(2 * out + 1), pick), [u, r, out])
+
+    def decode(self, slot, buf: int, fold: bool) -> None:
+        """This thread's fragments of the slot's 4 steps into ``afr[buf]``: codes of its two rows,
+        pairs decoded and (``fold``) multiplied by their folded block scale."""
+        T = self.T
         words = T.alloc_buffer((BK // STEP, 2, 2), "uint32", scope="local")
-        sc = T.alloc_buffer((2,), "uint32", scope="local")
-        for r in range(2):
-            row = self.row(r)
-            T.evaluate(ld.b32(sc[r], self._addr(slot, self.scales_off + 4 * row)))
-            for u in range(BK // STEP):
-                byte = u * 4 * w + self.j * w  # this lane's w bytes of step u
-                addr = self._addr(slot, self._code_chunk(row, byte // 16) + byte % 16)
-                if w == 8:
-                    T.evaluate(ld.v2.b32(words[u, r, 0], words[u, r, 1], addr))
-                else:
-                    T.evaluate(ld.b32(words[u, r, 0], addr))
-        fold = self.fold
+        for r, u in itertools.product(range(2), range(BK // STEP)):
+            self.lane_words(slot, self.row(r), u, words, r)
+        sc = self.scale_words(slot) if fold else None
         fma = T.ptx.fma.rn.f16x2 if self.a_dtype == "float16" else T.ptx.fma.rn.bf16x2
         for u in range(BK // STEP):
-            fac = [
-                ((tirx.BufferLoad(sc, [r]) >> u32(8 * u)) & u32(255)) * u32(fold.mul)
-                + tirx.BufferLoad(self.fold_add, [r])
-                for r in range(2)
-            ]
+            if fold:
+                fac = [
+                    self.code(sc, r, u) * u32(self.fold.mul) + tirx.BufferLoad(self.fold_add, [r])
+                    for r in range(2)
+                ]
             for g, q in itertools.product(range(2), range(4)):
                 # wgmma g's A: rows quad / quad+8 (q % 2) × K 16g + 2j.. / +8 (q // 2)
                 wd = lambda p, i, u=u, r=q % 2: tirx.BufferLoad(words, [u, r, i])  # noqa: E731
                 pair = pairs.decode_pair(self.fmt, wd, 2 * g + q // 2, dtype=self.a_dtype)
                 T.buffer_store(self.afr, pair, [buf, u, g, q])
                 a = self.afr[buf, u, g, q]
-                if self.fma is not None and not fold.merged:  # integer codes: the magic number first
+                if self.fma is not None and not (fold and self.fold.merged):  # the magic number
                     T.evaluate(fma(a, a, u32(self.fma[0]), u32(self.fma[1])))
-                T.evaluate(fma(a, a, fac[q % 2], u32(0x80008000)))  # a f + -0: keeps -0
+                if fold:
+                    T.evaluate(fma(a, a, fac[q % 2], u32(0x80008000)))  # a f + -0: keeps -0
 
-    def mma(self, slot, buf: int) -> None:
-        """The slot's 8 wgmmas (4 steps × 2 k16) into the accumulator, one commit group."""
+    def scale_words(self, slot):
+        """This thread's two rows' 4 scale codes of the slot (a uint32 each)."""
+        sc = self.T.alloc_buffer((2,), "uint32", scope="local")
+        for r in range(2):
+            self.T.evaluate(
+                self.T.ptx.ld.shared.b32(sc[r], self._addr(slot, self.scales_off + 4 * self.row(r)))
+            )
+        return sc
+
+    @staticmethod
+    def code(sc, r: int, u: int):
+        return (tirx.BufferLoad(sc, [r]) >> u32(8 * u)) & u32(255)
+
+    def mma(self, slot, buf: int, steps=range(BK // STEP), into=None) -> None:
+        """The wgmmas (2 k16 a step) of the slot's ``steps`` into the accumulator, or ``into`` (a
+        fragment the first of them overwrites), one commit group."""
         T = self.T
         ab = {"float16": "f16", "bfloat16": "bf16"}[self.a_dtype]
         op = T.ptx[f"wgmma.mma_async.sync.aligned.m64n{self.m_tile}k16.f32.{ab}.{ab}"]
-        regs = [tirx.BufferLoad(self.acc, [i]) for i in range(self.frag)]
+        regs = [tirx.BufferLoad(self.acc if into is None else into, [i]) for i in range(self.frag)]
         T.evaluate(T.ptx.wgmma.fence.sync.aligned())
-        for u, g in itertools.product(range(BK // STEP), range(2)):
+        for n_, (u, g) in enumerate(itertools.product(steps, range(2))):
             kk = 2 * u + g  # k16 slice of the slot: half kk // 4, 32 bytes each
             start = self._addr(slot, (kk // 4) * self.m_tile * ROW + (kk % 4) * 32)
             a = [tirx.BufferLoad(self.afr, [buf, u, g, q]) for q in range(4)]
-            T.evaluate(op(*regs, *a, descriptor(T, self.desc, 0, start), tirx.const(True, "bool"), 1, 1, 0))
+            acc_in = tirx.const(into is None or n_ > 0, "bool")
+            T.evaluate(op(*regs, *a, descriptor(T, self.desc, 0, start), acc_in, 1, 1, 0))
         T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
 
     # ---- the K loop -----------------------------------------------------------------------------
 
     def iteration(self, it, buf: int) -> None:
+        """Folded: decode the slot, issue its 8 wgmmas; ``double``: the previous slot's are done."""
         T, h = self.T, self.h
         slot = it % h.stages
         ring_turn(T, it, h.stages, self.ahead, self.iters, self.issue)
-        self.decode(slot, buf)
+        self.decode(slot, buf, fold=True)
         self.mma(slot, buf)
         # double: the previous slot's wgmmas are done (their fragments and slot free), this one's run on
         T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(1 if h.double else 0))
+
+    def plain_iteration(self, it) -> None:
+        """Unfolded (rows whose scales do not fold): each step's two wgmmas into a fragment, added to
+        the accumulator times the rows' block scales."""
+        T, h = self.T, self.h
+        slot = it % h.stages
+        ring_turn(T, it, h.stages, self.ahead, self.iters, self.issue)
+        self.decode(slot, 0, fold=False)
+        sc = self.scale_words(slot)
+        for u in range(BK // STEP):
+            self.mma(slot, 0, steps=[u], into=self.tmp)
+            T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+            fence_regs(T, [tirx.BufferLoad(self.tmp, [i]) for i in range(self.frag)])
+            scale = [scale_expr(self.code(sc, r, u)) for r in range(2)]
+            for idx in range(self.frag):
+                val = (
+                    tirx.BufferLoad(self.acc, [idx]) + tirx.BufferLoad(self.tmp, [idx]) * scale[idx // 2 % 2]
+                )
+                T.buffer_store(self.acc, val, [idx])
 
     def loop(self) -> None:
         T, h = self.T, self.h
@@ -316,14 +379,20 @@ class _Kernel:
             if s < self.iters:
                 self.issue(s, s)
             T.evaluate(T.ptx["cp.async.commit_group"]())
-        if h.double:  # two iterations a trip: the fragment sets stay static registers
-            with T.serial(0, self.iters // 2) as it2:
-                for b in range(2):
-                    self.iteration(2 * it2 + b, b)
-        else:
-            with T.serial(0, self.iters) as it:
-                self.iteration(it, 0)
-        T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+        with T.If(tirx.BufferLoad(self.fast, [0]) != 0):
+            with T.Then():
+                if h.double:  # two iterations a trip: the fragment sets stay static registers
+                    with T.serial(0, self.iters // 2) as it2:
+                        for b in range(2):
+                            self.iteration(2 * it2 + b, b)
+                else:
+                    with T.serial(0, self.iters) as it:
+                        self.iteration(it, 0)
+                T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+            with T.Else():
+                self.tmp = T.alloc_buffer((self.frag,), "float32", scope="local")
+                with T.serial(0, self.iters) as it:
+                    self.plain_iteration(it)
 
     def epilogue(self) -> None:
         T = self.T
