@@ -72,10 +72,10 @@ def build(out: Path) -> None:
 
 
 def _weights(fmt, n, k, gen, dev, spread: bool = False):
-    """A quantized random weight; ``spread``: rows whose block scales span 40 binades (no fold)."""
+    """A quantized random weight; ``spread``: rows whose block scales span 40 binades (no fp16 fold)."""
     w = torch.randn(n, k, generator=gen, device=dev) * 0.02
     if spread:
-        w = w * torch.exp2(torch.linspace(-20, 20, k // 32, device=dev)).repeat_interleave(32)
+        w = w * torch.exp2(torch.linspace(-36, 4, k // 32, device=dev)).repeat_interleave(32)
     return reference.quantize(w, fmt)
 
 

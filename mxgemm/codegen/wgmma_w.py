@@ -270,7 +270,7 @@ class _Kernel:
         T, j = self.T, self.j
         ld = T.ptx.ld.shared
         perm = lambda a, b, sel: tirx.call_pure_extern("uint32", "__byte_perm", a, b, sel)  # noqa: E731
-        raw = T.alloc_buffer((2 * (self.w // 4),), "uint32", scope="local")
+        raw = T.alloc_buffer((4 * (self.w // 4),), "uint32", scope="local")
         raw4 = [[raw[4 * c + i] for i in range(4)] for c in range(self.w // 4)]
         for c in range(self.w // 4):
             T.evaluate(ld.v4.b32(*raw4[c], self._addr(slot, self._code_chunk(row, (self.w // 4) * u + c))))
