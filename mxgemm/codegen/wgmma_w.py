@@ -6,14 +6,17 @@ with A from registers, per warp the layout of ``mma.sync.m16n8k16``'s A:
 :func:`~mxgemm.codegen.pairs.decode_pair`), and ``m_tile`` activation rows its N, read by the tensor
 cores from shared memory (128-byte-swizzled, :mod:`~mxgemm.codegen.wgmma`). The block scales are
 folded into the decoded pairs (:func:`~mxgemm.codegen.pairs.fold`: each pair times
-``2^(code - row max + c0)``, one exact ``fma``),
-so the wgmmas accumulate the whole K in fp32 and each output is brought to scale once (``ldexpf``).
-That needs every row's scale codes within the fold's spread of the row's largest and no NaN code:
-:func:`foldable` checks a weight once; the row maxima are an argument (R).
+``2^(code - row max + c0)``, one exact ``fma``), so the wgmmas accumulate the whole K in fp32 and each
+output is brought to scale once (``ldexpf``). That needs every row's scale codes within the fold's
+spread of the row's largest and no NaN code: a prologue finds each row's largest and smallest code
+(byte-wise max/min over the row's scale words, the quad's lanes combined) and the block votes
+(``__syncthreads_and``); a block that does not fold runs each step's two wgmmas into a fragment that
+is added to the accumulator times the rows' block scales.
 
-Codes are read in the kernel's own K order (:func:`permute_codes`): within each 32-code block, lane
-``j``'s 8 codes are those of K ``2j, 2j+1, 2j+8, 2j+9`` (the step's first k16 wgmma) and ``+16`` (its
-second), so the activations stay in natural K order.
+The codes are the portable planes that :mod:`~mxgemm.codegen.mma` reads (one plane: 4- or 8-bit
+codes). A wgmma's A fragment wants lane ``j``'s 8 codes of a 32-code step to be those of K ``2j, 2j+1,
+2j+8, 2j+9`` (the step's first k16 wgmma) and ``+16`` (its second), so the activations stay in natural
+K order: each lane loads its rows' 16 (32) bytes of the step and gathers them with ``prmt``.
 
 Block: ``wg`` warpgroups (64 weight rows each) × ``m_tile`` activation rows, over K in slots of 128
 (4 scale steps, 8 wgmmas). A ``cp.async`` ring of ``stages`` slots holds the activations (two
