@@ -49,13 +49,6 @@ from mxgemm.codegen.wgmma import (
 STEP = 32  # K per wgmma (fp8): one scale block
 BK = 128  # K per ring slot: one 128-byte swizzle row of fp8 codes, 4 steps
 REG_SPARE = 40  # registers a thread needs besides its fragments
-FENCE8 = (
-    "__device__ __forceinline__ void mxgemm_fence8(float& a, float& b, float& c, float& d, float& e, "
-    "float& f, float& g, float& h) {\n"
-    '  asm volatile("" : "+f"(a), "+f"(b), "+f"(c), "+f"(d), "+f"(e), "+f"(f), "+f"(g), "+f"(h)'
-    ' :: "memory");\n'
-    "}\n"
-)
 
 
 @dataclass(frozen=True)
