@@ -254,9 +254,10 @@ def _kernel_weight(a, b) -> MxWeight | None:
     return b.q
 
 
-def _fp8_pair(a, b) -> tuple[MxWeight, MxWeight] | None:
-    """(X, W) when ``a @ b`` is ``X @ W.T`` that :func:`mxgemm.codegen.wgmma_mx.matmul` computes: both
-    2-D mxfp8_e4m3 MxTensors with block-32 scales along K on one Hopper GPU, ``b`` the transpose of W."""
+def _fp8_pair(a, b, dt: torch.dtype) -> tuple[MxWeight, MxWeight] | None:
+    """(X, W) when ``a @ b`` is ``X @ W.T`` that :func:`mxgemm.codegen.wgmma_mx.matmul` computes in
+    ``dt``: both 2-D mxfp8_e4m3 MxTensors with block-32 scales along K on one Hopper GPU, ``b`` the
+    transpose of W, ``dt`` one of its output dtypes."""
     if not (isinstance(a, MxTensor) and isinstance(b, MxTensor)) or a.dim() != 2 or b.dim() != 2:
         return None
     if a.perm != (0, 1) or b.perm != (1, 0) or a.device != b.device or a.device.type != "cuda":
@@ -267,6 +268,8 @@ def _fp8_pair(a, b) -> tuple[MxWeight, MxWeight] | None:
     from mxgemm.codegen import wgmma_mx
 
     if ops.backend(os.environ.get(ops.BACKEND_ENV)) == "emulated":
+        return None
+    if str(dt).removeprefix("torch.") not in wgmma_mx.OUT_DTYPES:
         return None
 
     for q in (a.q, b.q):
@@ -284,13 +287,14 @@ def _mm(a, b):
         from mxgemm import ops
 
         return ops.linear(a, q)
-    pair = _fp8_pair(a, b)
+    dt = _result_dtype(a, b)
+    pair = _fp8_pair(a, b, dt)
     if pair is not None:
         from mxgemm.codegen import wgmma_mx
 
-        (x, w), dt = pair, _result_dtype(a, b)
+        x, w = pair
         return wgmma_mx.op(x.blocks, x.scales, w.blocks, w.scales, dt)
-    return torch.mm(_dense(a), _dense(b)).to(_result_dtype(a, b))
+    return torch.mm(_dense(a), _dense(b)).to(dt)
 
 
 def _bmm(a, b):
@@ -304,8 +308,8 @@ def _addmm(bias, a, b, *, beta=1, alpha=1):
             from mxgemm import ops
 
             return ops.linear(a, q, bias)
-    pair = _fp8_pair(a, b)
     dt = _result_dtype(bias, a, b)
+    pair = _fp8_pair(a, b, dt)
     if pair is not None and beta == 1 and alpha == 1 and not isinstance(bias, MxTensor):
         if bias.dtype == dt and bias.dim() == 1 and bias.shape[0] == b.shape[1]:
             from mxgemm.codegen import wgmma_mx
@@ -313,7 +317,7 @@ def _addmm(bias, a, b, *, beta=1, alpha=1):
             x, w = pair
             return wgmma_mx.op(x.blocks, x.scales, w.blocks, w.scales, dt, bias)
     out = torch.addmm(_dense(bias), _dense(a), _dense(b), beta=beta, alpha=alpha)
-    return out.to(_result_dtype(bias, a, b))
+    return out.to(dt)
 
 
 _HANDLERS: dict[Any, Any] = {
