@@ -276,7 +276,7 @@ def _forward(
             *planes, scales = _pair_tiles(planes, scales, fmt, block_size)
         elif layout.reads_cpu_layout(kernel):
             planes = _cpu_planes(planes, fmt)
-        _run(kernel, [x2, *planes, scales, *tail])
+        builder.launch(kernel, [x2, *planes, scales, *tail])
         out = out[:m]
     return out if flat else out.reshape(*x.shape[:-1], n)
 
@@ -321,11 +321,11 @@ def _decode_then_cublas(x2, planes, scales, bias, fmt, block_size, n, k, kernel=
         kernel = _kernel(x2.device, fmt, rows, k, None, x2.dtype, False, block_size, "decode")
     w = torch.empty(rows, k, dtype=x2.dtype, device=x2.device)
     if rows == n:
-        _run(kernel, [*planes, scales, w])
+        builder.launch(kernel, [*planes, scales, w])
         return torch.nn.functional.linear(x2, w, bias)
     out_t = torch.empty(n, x2.shape[0], dtype=x2.dtype, device=x2.device)
     for r in range(0, n, rows):
-        _run(kernel, [*(p[r : r + rows] for p in planes), scales[r : r + rows], w])
+        builder.launch(kernel, [*(p[r : r + rows] for p in planes), scales[r : r + rows], w])
         if bias is None:
             torch.mm(w, x2.T, out=out_t[r : r + rows])
         else:
@@ -373,7 +373,7 @@ def _decode_then_gemm_cpu(x2, planes, scales, bias, fmt, block_size, n, k) -> to
     b = None if bias is None else bias.to(wdtype)[:, None]
     out_t = torch.empty(n, x2.shape[0], dtype=wdtype)
     for r in range(0, n, rows):
-        _run(kernel, [*(p[r : r + rows] for p in planes), scales[r : r + rows], w])
+        builder.launch(kernel, [*(p[r : r + rows] for p in planes), scales[r : r + rows], w])
         if b is None:
             torch.mm(w2, xt, out=out_t[r : r + rows])
         else:
@@ -390,17 +390,6 @@ def _emulated(x2, planes, scales, bias, fmt, block_size, n, k) -> torch.Tensor:
     q = MxWeight(layout.from_planes(planes, bits), scales, fmt, block_size, (n, k))
     b = None if bias is None else bias.float()
     return torch.nn.functional.linear(x2.float(), dequantize(q), b).to(x2.dtype)
-
-
-def _run(kernel: builder.Kernel, args: list[torch.Tensor]) -> None:
-    """Launch ``kernel`` on the tensors' device (CUDA: on that device's current torch stream, which
-    tvm-ffi reads from the torch tensors it is given; the device is made current only when it is not)."""
-    dev = args[0].device
-    if dev.type == "cuda" and dev.index != torch.cuda.current_device():
-        with torch.cuda.device(dev):
-            kernel(*args)
-    else:
-        kernel(*args)
 
 
 @torch.library.custom_op("mxgemm::linear", mutates_args=())

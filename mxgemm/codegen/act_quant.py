@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from mxgemm import formats
+from mxgemm.codegen import build as builder
 
 SCALE_MODES = ("floor",)
 ROUNDINGS = ("even", "away", "zero")
@@ -145,7 +146,6 @@ _lock = threading.Lock()
 def kernel(fmt: str, k: int, block_size: int, dtype: str, rounding: str, target: dict[str, Any]):
     """The compiled kernel (``kernel(x, y)``: x, y ``dtype [m, k]`` contiguous), built once per
     settings and target into the kernel cache."""
-    from mxgemm.codegen import build as builder
     from mxgemm.codegen import cache
     from mxgemm.codegen import target as targets
 
@@ -203,9 +203,5 @@ def fake_quantize(x: torch.Tensor, fmt: str, block_size: int, rounding: str) -> 
     x2 = x.reshape(-1, k).contiguous()
     y = torch.empty_like(x2)
     run = _runs.get((fmt, k, block_size, x.dtype, rounding, x.device)) or _run(x, fmt, block_size, rounding)
-    if x.device.type == "cuda" and x.device.index != torch.cuda.current_device():
-        with torch.cuda.device(x.device):
-            run(x2, y)
-    else:
-        run(x2, y)
+    builder.launch(run, [x2, y])
     return y.reshape(x.shape)

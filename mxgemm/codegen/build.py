@@ -154,6 +154,17 @@ def load_main(path: Path, target: dict[str, Any]):
     return tvm.runtime.load_module(str(path))["main"]
 
 
+def launch(kernel, args: list[torch.Tensor]) -> None:
+    """Run ``kernel(*args)`` on the tensors' device (CUDA: on that device's current torch stream, which
+    tvm-ffi reads from the torch tensors it is given; the device is made current only when it is not)."""
+    dev = args[0].device
+    if dev.type == "cuda" and dev.index != torch.cuda.current_device():
+        with torch.cuda.device(dev):
+            kernel(*args)
+    else:
+        kernel(*args)
+
+
 def compile_export(mod: Any, target: dict[str, Any], out: Path) -> dict[str, Any]:
     """Compile the scheduled IRModule ``mod`` for ``target`` (CUDA: nvcc) and export it to ``out``;
     returns metadata (source, and the nvcc that built a CUDA library)."""

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 import torch
 from tvm import tirx
 
+from mxgemm.codegen import build as builder
 from mxgemm.codegen.decode import scale_expr
 from mxgemm.codegen.wgmma import (
     SMEM_MAX,
@@ -45,6 +46,7 @@ from mxgemm.codegen.wgmma import (
     swizzled,
     when,
 )
+from mxgemm.scales import scale_factors
 
 STEP = 32  # K per wgmma (fp8): one scale block
 BK = 128  # K per ring slot: one 128-byte swizzle row of fp8 codes, 4 steps
@@ -155,12 +157,7 @@ def matmul(
     func = compiled(n, k, str(out_dtype).removeprefix("torch."), bias is not None)
     args = [xa.contiguous(), xs.contiguous(), w.contiguous(), weight_scales(ws)]
     args += [bias.contiguous()] if bias is not None else []
-    # tvm-ffi launches on the current torch stream of the tensors' device; make it current if not
-    if xa.device.index != torch.cuda.current_device():
-        with torch.cuda.device(xa.device):
-            func(*args, y)
-    else:
-        func(*args, y)
+    builder.launch(func, [*args, y])
     return y
 
 
@@ -202,9 +199,7 @@ def _why_not(xa, xs, w, ws, out_dtype, bias) -> str | None:
 
 def weight_scales(scales: torch.Tensor) -> torch.Tensor:
     """uint8 E8M0 ``[n, k/32]`` → float32 ``[k/32, n]`` (``2^(c-127)``, code 255 NaN), the kernel's WS."""
-    c = scales.to(torch.int32).t().contiguous()
-    bits = (c << 23) | (((c == 0) | (c == 255)).to(torch.int32) << 22)
-    return bits.view(torch.float32)
+    return scale_factors(scales).t().contiguous()
 
 
 def kernel(*, n: int, k: int, out_dtype: str, bias: bool, hints: Hints = Hints()) -> tirx.PrimFunc:
