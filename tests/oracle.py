@@ -144,6 +144,15 @@ def scale_factors(codes: np.ndarray) -> np.ndarray:
     return np.asarray(codes, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu).astype(np.float64)
 
 
+def dequantize(codes: np.ndarray, scale_codes: np.ndarray, spec: Spec) -> np.ndarray:
+    """uint8 element ``codes [r, k]`` (one a byte) with E8M0 ``scale_codes [r, k/B]`` → float64 values
+    (block size B = k / scale_codes' last dimension; a NaN scale makes its block NaN)."""
+    codes = np.asarray(codes, dtype=np.uint8)
+    rows, k = codes.shape
+    blocks = decode(codes, spec).reshape(rows, scale_codes.shape[-1], -1)
+    return (blocks * scale_factors(scale_codes)[:, :, None]).reshape(rows, k)
+
+
 # ---- element rounding -----------------------------------------------------------------------------
 
 

@@ -69,11 +69,8 @@ def _run(fmt, x, q, dtype, hints, m_tile, bias=None):
 
 def _dequant(q, fmt) -> torch.Tensor:
     """float64 weights from the oracle's decode (ml_dtypes) and E8M0 factors."""
-    spec = oracle.SPECS[fmt]
     codes = packing.unpack(q.blocks.cpu(), formats.get(fmt).bits).numpy()
-    vals = oracle.decode(codes, spec).reshape(codes.shape[0], -1, 32)
-    fac = oracle.scale_factors(q.scales.cpu().numpy())[:, :, None]
-    return torch.from_numpy((vals * fac).reshape(codes.shape[0], -1))
+    return torch.from_numpy(oracle.dequantize(codes, q.scales.cpu().numpy(), oracle.SPECS[fmt]))
 
 
 @pytest.mark.gpu
