@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -234,7 +233,7 @@ class MxLinear(nn.Module):
         else :func:`mxgemm.fake_quantize` (which also gives the straight-through gradient); the same
         values."""
         a = self.activations
-        kernels = ops.backend(os.environ.get(ops.BACKEND_ENV)) != "emulated"
+        kernels = not ops.emulated()
         grad = x.requires_grad and torch.is_grad_enabled()
         if kernels and not grad and act_quant.applies(a.fmt, a.scale_mode, a.rounding, x.dtype):
             run = act_quant.fake_quantize if ops._eager(x) else torch.ops.mxgemm.act_quant

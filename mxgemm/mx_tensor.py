@@ -262,12 +262,10 @@ def _fp8_pair(a, b, dt: torch.dtype) -> tuple[MxWeight, MxWeight] | None:
         return None
     if a.perm != (0, 1) or b.perm != (1, 0) or a.device != b.device or a.device.type != "cuda":
         return None
-    import os
-
     from mxgemm import ops
     from mxgemm.codegen import wgmma_mx
 
-    if ops.backend(os.environ.get(ops.BACKEND_ENV)) == "emulated":
+    if ops.emulated():
         return None
     if str(dt).removeprefix("torch.") not in wgmma_mx.OUT_DTYPES:
         return None

@@ -293,6 +293,11 @@ def backend(value: str | None) -> str:
     raise ValueError(f"${BACKEND_ENV} must be one of {', '.join(BACKENDS)}, got {value!r}")
 
 
+def emulated() -> bool:
+    """Whether ``$MXGEMM_BACKEND`` selects the emulation (no generated kernels)."""
+    return backend(os.environ.get(BACKEND_ENV)) == "emulated"
+
+
 def _route(m, device, dtype, fmt, n, k, bias, block_size, backend_env=None) -> object:
     """The fused kernel that serves ``m`` rows of this layer (:func:`plan`), None for decode + cuBLAS,
     or :data:`_EMULATED`; memoized per call signature in ``_routes`` so a forward call does one dict
