@@ -563,8 +563,6 @@ class _Kernel:
         lo = T.alloc_buffer((h.nt, 2), "uint32", scope="local")
         for t, r in itertools.product(range(h.nt), range(2)):
             T.buffer_store(lo, u32(0xFFFFFFFF), [t, r])
-        vmax = lambda a, b: tirx.call_pure_extern("uint32", "__vmaxu4", a, b)  # noqa: E731
-        vmin = lambda a, b: tirx.call_pure_extern("uint32", "__vminu4", a, b)  # noqa: E731
         with T.serial(0, -(-words // 4)) as i:
             w = self.j + 4 * i
             with T.If(w < words):
@@ -572,27 +570,17 @@ class _Kernel:
                     for t, r in itertools.product(range(h.nt), range(2)):
                         row = self.ix(self.n0 + 16 * t + self.quad + 8 * r)
                         v = tirx.BufferLoad(s32, [row * row_words + self.ty * (self.steps // 4) + w])
-                        T.buffer_store(hi, vmax(hi[t, r], v), [t, r])
-                        T.buffer_store(lo, vmin(lo[t, r], v), [t, r])
+                        T.buffer_store(hi, pairs.vmaxu4(hi[t, r], v), [t, r])
+                        T.buffer_store(lo, pairs.vminu4(lo[t, r], v), [t, r])
         ok = self._zeroed((1,), "int32")
         T.buffer_store(ok, tirx.const(1, "int32"), [0])
         self.fold_add = T.alloc_buffer((h.nt, 2), "uint32", scope="local")
         self.out_exp = T.alloc_buffer((h.nt, 2), "int32", scope="local")
-        shfl = lambda v, m: tirx.call_extern("uint32", "__shfl_xor_sync", u32(0xFFFFFFFF), v, m)  # noqa: E731
         for t, r in itertools.product(range(h.nt), range(2)):
-            for buf, op in ((hi, vmax), (lo, vmin)):
-                v = tirx.BufferLoad(buf, [t, r])
-                T.buffer_store(buf, op(v, v >> u32(16)), [t, r])
-                v = tirx.BufferLoad(buf, [t, r])
-                T.buffer_store(buf, op(v, v >> u32(8)) & u32(255), [t, r])
-                for m in (1, 2):  # the quad's four lanes hold the same rows
-                    T.buffer_store(buf, op(buf[t, r], shfl(buf[t, r], m)), [t, r])
-            top, bottom = hi[t, r], lo[t, r]
-            good = tirx.And(top != u32(255), top - bottom <= u32(fold.spread))
+            good, add, exp = pairs.fold_row(T, fold, hi, lo, [t, r])
             T.buffer_store(ok, ok[0] & tirx.Cast("int32", good), [0])
-            add = (u32(fold.offset + fold.c0) - top) * u32(fold.mul)
             T.buffer_store(self.fold_add, add, [t, r])
-            T.buffer_store(self.out_exp, tirx.Cast("int32", top) - (127 + fold.c0), [t, r])
+            T.buffer_store(self.out_exp, exp, [t, r])
         self.fast = T.alloc_buffer((1,), "int32", scope="local")
         all_ok = tirx.call_extern("int32", "__all_sync", u32(0xFFFFFFFF), ok[0])
         T.buffer_store(self.fast, all_ok, [0])

@@ -239,3 +239,35 @@ def fold(fmt: Format, dtype: str) -> Fold | None:
         return None
     mul = (1 << _EXP_SHIFT[dtype]) * 0x10001
     return Fold(c0, c0 - lo, offset, mul, merged)
+
+
+def vmaxu4(a: PrimExpr, b: PrimExpr) -> PrimExpr:
+    """Byte-wise unsigned max of two uint32 words (CUDA ``__vmaxu4``)."""
+    return tirx.call_pure_extern(U32, "__vmaxu4", a, b)
+
+
+def vminu4(a: PrimExpr, b: PrimExpr) -> PrimExpr:
+    """Byte-wise unsigned min of two uint32 words (CUDA ``__vminu4``)."""
+    return tirx.call_pure_extern(U32, "__vminu4", a, b)
+
+
+def fold_row(T, fold: Fold, hi, lo, idx: list) -> tuple[PrimExpr, PrimExpr, PrimExpr]:  # noqa: N803
+    """Finish a row's scan of its E8M0 scale codes and give its fold (emitted into the IR builder
+    ``T``): ``hi[idx]`` / ``lo[idx]``, a lane's byte-wise running max / min of the row's code words
+    (:func:`vmaxu4` / :func:`vminu4`), become the row's largest / smallest code, combined over the quad's
+    four lanes (which hold the same row). Returns whether the row folds (no NaN code, its codes
+    within the fold's spread of its largest), its multiplier addend (:class:`Fold`) and its output
+    exponent (``ldexpf``; :func:`out_factor`'s not included)."""
+    shfl = lambda v, m: tirx.call_extern(U32, "__shfl_xor_sync", u32(0xFFFFFFFF), v, m)  # noqa: E731
+    for buf, op in ((hi, vmaxu4), (lo, vminu4)):
+        v = tirx.BufferLoad(buf, idx)
+        T.buffer_store(buf, op(v, v >> u32(16)), idx)
+        v = tirx.BufferLoad(buf, idx)
+        T.buffer_store(buf, op(v, v >> u32(8)) & u32(255), idx)
+        for m in (1, 2):
+            v = tirx.BufferLoad(buf, idx)
+            T.buffer_store(buf, op(v, shfl(v, m)), idx)
+    top, bottom = tirx.BufferLoad(hi, idx), tirx.BufferLoad(lo, idx)
+    good = tirx.And(top != u32(255), top - bottom <= u32(fold.spread))
+    add = (u32(fold.offset + fold.c0) - top) * u32(fold.mul)
+    return good, add, tirx.Cast("int32", top) - (127 + fold.c0)

@@ -186,9 +186,6 @@ class _Kernel:
         T, fold, k = self.T, self.fold, self.k
         words = k // STEP // 4  # of a row
         s32 = T.decl_buffer((self.n * words,), "uint32", data=self.S.data)
-        vmax = lambda a, b: tirx.call_pure_extern("uint32", "__vmaxu4", a, b)  # noqa: E731
-        vmin = lambda a, b: tirx.call_pure_extern("uint32", "__vminu4", a, b)  # noqa: E731
-        shfl = lambda v, m: tirx.call_extern("uint32", "__shfl_xor_sync", u32(0xFFFFFFFF), v, m)  # noqa: E731
         hi = T.alloc_buffer((2,), "uint32", scope="local")
         lo = T.alloc_buffer((2,), "uint32", scope="local")
         for r in range(2):
@@ -200,24 +197,18 @@ class _Kernel:
                 with T.Then():
                     for r in range(2):
                         v = tirx.BufferLoad(s32, [(self.n0 + self.row(r)) * words + w])
-                        T.buffer_store(hi, vmax(hi[r], v), [r])
-                        T.buffer_store(lo, vmin(lo[r], v), [r])
+                        T.buffer_store(hi, pairs.vmaxu4(hi[r], v), [r])
+                        T.buffer_store(lo, pairs.vminu4(lo[r], v), [r])
         ok = T.alloc_buffer((1,), "int32", scope="local")
         T.buffer_store(ok, tirx.const(1, "int32"), [0])
         self.fold_add = T.alloc_buffer((2,), "uint32", scope="local")
         self.out_exp = T.alloc_buffer((2,), "int32", scope="local")
         oe = round(math.log2(pairs.out_factor(self.fmt)))
         for r in range(2):
-            for buf, op in ((hi, vmax), (lo, vmin)):
-                T.buffer_store(buf, op(buf[r], buf[r] >> u32(16)), [r])
-                T.buffer_store(buf, op(buf[r], buf[r] >> u32(8)) & u32(255), [r])
-                for m in (1, 2):  # the quad's four lanes hold the same rows
-                    T.buffer_store(buf, op(buf[r], shfl(buf[r], m)), [r])
-            top = tirx.BufferLoad(hi, [r])
-            good = tirx.And(top != u32(255), top - tirx.BufferLoad(lo, [r]) <= u32(fold.spread))
+            good, add, exp = pairs.fold_row(T, fold, hi, lo, [r])
             T.buffer_store(ok, ok[0] & tirx.Cast("int32", good), [0])
-            T.buffer_store(self.fold_add, (u32(fold.offset + fold.c0) - top) * u32(fold.mul), [r])
-            T.buffer_store(self.out_exp, tirx.Cast("int32", top) - (127 + fold.c0 - oe), [r])
+            T.buffer_store(self.fold_add, add, [r])
+            T.buffer_store(self.out_exp, exp + oe, [r])
         self.fast = T.alloc_buffer((1,), "int32", scope="local")
         T.buffer_store(self.fast, tirx.call_extern("int32", "__syncthreads_and", ok[0]), [0])
         for r in range(2):  # unfolded: the sums times out_factor alone
