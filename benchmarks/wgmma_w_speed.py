@@ -26,12 +26,12 @@ from mxgemm.codegen import wgmma_w
 SHAPES = [(28672, 8192), (8192, 8192), (4096, 14336), (4096, 4096)]  # (N, K)
 MS = (64, 128, 256, 512, 1024, 4096)
 CHECK = (256, 512, 200)  # N, K, M
-VARIANTS = [  # (hints, m_tile)
-    (wgmma_w.Hints(2, 4, 1), 128),
-    (wgmma_w.Hints(4, 4, 1), 64),
-    (wgmma_w.Hints(4, 4, 0), 64),
-    (wgmma_w.Hints(1, 4, 1), 64),
-    (wgmma_w.Hints(2, 3, 1), 128),
+VARIANTS = [
+    wgmma_w.Hints(2, 4, 1, mt=128),
+    wgmma_w.Hints(4, 4, 1, mt=64),
+    wgmma_w.Hints(4, 4, 0, mt=64),
+    wgmma_w.Hints(1, 4, 1, mt=64),
+    wgmma_w.Hints(2, 3, 1, mt=128),
 ]
 CHECK_FORMATS = [
     ("mxfp4", "float16"),
@@ -41,8 +41,8 @@ CHECK_FORMATS = [
 ]
 
 
-def _name(fmt, n, k, h, m_tile, dt, bias):
-    return f"{fmt}_n{n}_k{k}_wg{h.wg}_s{h.stages}_d{h.double}_mt{m_tile}_{dt}{'_bias' if bias else ''}"
+def _name(fmt, n, k, h, dt, bias):
+    return f"{fmt}_n{n}_k{k}_wg{h.wg}_s{h.stages}_d{h.double}_mt{h.mt}_{dt}{'_bias' if bias else ''}"
 
 
 def build(out: Path) -> None:
@@ -52,20 +52,13 @@ def build(out: Path) -> None:
     from mxgemm.codegen.wgmma import TARGET
 
     out.mkdir(parents=True, exist_ok=True)
-    jobs = [
-        (f, CHECK[0], CHECK[1], h, mt, dt, True)
-        for (h, mt), (f, dt) in itertools.product(VARIANTS, CHECK_FORMATS)
-    ]
-    jobs += [
-        ("mxfp4", n, k, h, mt, "float16", False) for (n, k), (h, mt) in itertools.product(SHAPES, VARIANTS)
-    ]
-    for fmt, n, k, h, mt, dt, bias in jobs:
-        if wgmma_w.applies(formats.get(fmt), n, k, mt, dt, h):
+    jobs = [(f, CHECK[0], CHECK[1], h, dt, True) for h, (f, dt) in itertools.product(VARIANTS, CHECK_FORMATS)]
+    jobs += [("mxfp4", n, k, h, "float16", False) for (n, k), h in itertools.product(SHAPES, VARIANTS)]
+    for fmt, n, k, h, dt, bias in jobs:
+        if wgmma_w.applies(formats.get(fmt), n, k, dt, h):
             continue
-        name = _name(fmt, n, k, h, mt, dt, bias)
-        f = wgmma_w.kernel(
-            formats.get(fmt), n=n, k=k, m_tile=mt, out_dtype=dt, bias=bias, a_dtype=dt, hints=h
-        )
+        name = _name(fmt, n, k, h, dt, bias)
+        f = wgmma_w.kernel(formats.get(fmt), n=n, k=k, out_dtype=dt, bias=bias, a_dtype=dt, hints=h)
         t = time.time()
         kbuild.compile_export(tvm.IRModule({"main": f}), TARGET, out / f"{name}.so")
         print(f"built {name} in {time.time() - t:.1f} s", flush=True)
@@ -105,8 +98,8 @@ def time_shape(d: Path, n: int, k: int, m: int, dev: str) -> list[dict]:
     y = torch.empty(m, n, dtype=torch.float16, device=dev)
     t_cublas = gpu_script.median_us(lambda i: torch.mm(xs[i % copies], w16[i % copies].T, out=y))
     rows = []
-    for h, mt in VARIANTS:
-        path = d / f"{_name('mxfp4', n, k, h, mt, 'float16', False)}.so"
+    for h in VARIANTS:
+        path = d / f"{_name('mxfp4', n, k, h, 'float16', False)}.so"
         if not path.exists():
             continue
         func = gpu_script.load(path)
@@ -116,7 +109,7 @@ def time_shape(d: Path, n: int, k: int, m: int, dev: str) -> list[dict]:
             func(xs[i % copies], q.blocks, q.scales, y)
 
         t = gpu_script.median_us(run)
-        row = {"n": n, "k": k, "m": m, "hints": h.__dict__, "m_tile": mt, "us": t, "cublas_fp16_us": t_cublas}
+        row = {"n": n, "k": k, "m": m, "hints": h.to_dict(), "us": t, "cublas_fp16_us": t_cublas}
         rows.append({**row, "vs_cublas": t_cublas / t, "tflops": 2 * m * n * k / t / 1e6})
         print(json.dumps(rows[-1]), flush=True)
     return rows
@@ -125,12 +118,12 @@ def time_shape(d: Path, n: int, k: int, m: int, dev: str) -> list[dict]:
 def measure(d: Path, out: Path | None) -> None:
     dev = "cuda"
     rows = []
-    for (h, mt), (fmt, dt) in itertools.product(VARIANTS, CHECK_FORMATS):
-        path = d / f"{_name(fmt, CHECK[0], CHECK[1], h, mt, dt, True)}.so"
+    for h, (fmt, dt) in itertools.product(VARIANTS, CHECK_FORMATS):
+        path = d / f"{_name(fmt, CHECK[0], CHECK[1], h, dt, True)}.so"
         if path.exists():
             for spread in (False, True):
                 r = check(gpu_script.load(path), fmt, CHECK[0], CHECK[1], CHECK[2], dt, dev, spread)
-                row = {"kind": "check", "fmt": fmt, "dtype": dt, "hints": h.__dict__, "m_tile": mt}
+                row = {"kind": "check", "fmt": fmt, "dtype": dt, "hints": h.to_dict()}
                 rows.append({**row, "unfolded": spread, **r})
                 print(json.dumps(rows[-1]), flush=True)
     for (n, k), m in itertools.product(SHAPES, MS):

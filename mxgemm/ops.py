@@ -73,7 +73,8 @@ def plan(
     sub-byte codes when ``tensorcore`` applies: it wins from 3 rows there); ``tensorcore`` up to 64
     rows; decode + cuBLAS beyond. In the buckets :data:`DECIDED_BUCKETS` the tune log decides: a
     :data:`DECODE_RULE` record (decode + cuBLAS timed faster than every fused candidate) routes to the
-    decode, and the buckets 128 and 256 run fused only where a record of a fused rule says so."""
+    decode, a record of a fused rule to that kernel (``wgmma_w`` runs only so), and the buckets 128 and
+    256 run fused only where such a record says so."""
     from mxgemm import rules
     from mxgemm.layout import plane_widths
     from mxgemm.rules.tensorcore import M_TILES as TC_TILES
@@ -100,6 +101,8 @@ def plan(
         rec = builder.tuned_hints(fmt, n, k, bucket, a_dtype, tgt, block_size or f.block_size)
         if (rec[0] if rec else None) == DECODE_RULE or (rec is None and bucket in FUSED_IF_TUNED):
             return "decode", None
+        if rec is not None:  # a fused rule measured fastest (the router may not pick it untuned)
+            return "linear", bucket
     if rules.get("mma").applies(spec(bucket)):
         return "linear", bucket
     tc_bucket = next((b for b in TC_TILES if m <= b), None)

@@ -108,23 +108,27 @@ def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[s
     return list(dict.fromkeys(out)), list(dict.fromkeys(notes))
 
 
-def candidates(task: Task, budget: int) -> list[dict[str, Any]]:
-    """The routed rule's defaults first, the hints of the logs' record for the task (a re-tune is
-    measured against what it would replace, in the same run) and, for bf16, of the fp16 record, their
-    twins (:meth:`~mxgemm.rules.base.Rule.twins`: the same kernels with a new option on), then
-    up to ``budget`` in all with other hints that fit the shape, cheapest first by its cost model
-    (deterministic)."""
+def candidates(task: Task, budget: int) -> list[tuple[str, dict[str, Any]]]:
+    """(rule, hints) to measure: the routed rule's defaults first, the hints of the logs' record for
+    the task (a re-tune is measured against what it would replace, in the same run) and, for bf16, of
+    the fp16 record, their twins (:meth:`~mxgemm.rules.base.Rule.twins`: the same kernels with a new
+    option on), then up to ``budget`` in all with other hints that fit the shape, cheapest first by
+    its cost model; then as many of each rule the router does not pick untuned
+    (:func:`mxgemm.rules.rivals`), chosen alike (deterministic)."""
     from mxgemm import rules
 
     spec = task.spec()
-    rule = rules.rule_for(spec)
-    if rule is None:
+    routed = rules.rule_for(spec)
+    if routed is None:
         return []
-    seeds = (rule.default_hints(spec), _recorded(task, rule), _fp16_twin(task, rule))
-    seeds = list(dict.fromkeys(h for h in seeds if h is not None))
-    seeds = list(dict.fromkeys(seeds + [t for h in seeds for t in rule.twins(spec, h)]))
-    rest = sorted((h for h in rule.candidates(spec) if h not in seeds), key=lambda h: rule.cost(spec, h))
-    return [h.to_dict() for h in _diverse(seeds, rest, max(1, budget))]
+    out = []
+    for rule in (routed, *rules.rivals(spec)):
+        seeds = (rule.default_hints(spec), _recorded(task, rule), _fp16_twin(task, rule))
+        seeds = list(dict.fromkeys(h for h in seeds if h is not None))
+        seeds = list(dict.fromkeys(seeds + [t for h in seeds for t in rule.twins(spec, h)]))
+        rest = sorted((h for h in rule.candidates(spec) if h not in seeds), key=lambda h: rule.cost(spec, h))
+        out += [(rule.name, h.to_dict()) for h in _diverse(seeds, rest, max(1, budget))]
+    return out
 
 
 def _diverse(seeds: list, ranked: list, budget: int) -> list:
@@ -187,9 +191,10 @@ def _decode_competes(task: Task) -> bool:
     return not task.arch.startswith("llvm") and task.m_bucket in ops.DECIDED_BUCKETS
 
 
-def _build_one(item: tuple[Task, dict[str, Any] | None]) -> dict[str, Any] | None:
-    """Build one candidate (``hints``; None: the decode kernel of decode + cuBLAS) into the cache."""
-    task, hints = item
+def _build_one(item: tuple[Task, str | None, dict[str, Any] | None]) -> dict[str, Any] | None:
+    """Build one candidate (``rule``'s ``hints``; None, None: the decode kernel of decode + cuBLAS)
+    into the cache."""
+    task, rule, hints = item
     t0 = time.perf_counter()
     try:
         if hints is None:  # W decoded in chunks of rows by the kernel of op "decode", then cuBLAS
@@ -201,12 +206,12 @@ def _build_one(item: tuple[Task, dict[str, Any] | None]) -> dict[str, Any] | Non
             return _entry(task, {}, kern, t0)
         kern = builder.build(
             task.fmt, n=task.n, k=task.k, m_bucket=task.m_bucket, a_dtype=task.a_dtype, target=task.target(),
-            block_size=task.block_size, hints=hints, rule=rule_of(task),
+            block_size=task.block_size, hints=hints, rule=rule,
         )  # fmt: skip
     except Exception as e:  # noqa: BLE001 (a candidate the compiler rejects is skipped, not fatal)
         log.warning("candidate %s for %s does not build: %s", hints, task, str(e).strip().splitlines()[-1])
         return None
-    if kern.info.get("hints") != hints:  # the rule fell back to its defaults: not this candidate
+    if kern.rule != rule or kern.info.get("hints") != hints:  # the defaults instead: not this candidate
         return None
     return _entry(task, hints, kern, t0)
 
@@ -226,7 +231,9 @@ def build(todo: list[Task], budget: int, out_dir: Path, jobs: int = 2, progress=
     """Build every candidate of ``todo`` into the kernel cache; write the manifest to ``out_dir``."""
     from concurrent.futures import ProcessPoolExecutor
 
-    items = [(t, h) for t in todo for h in (*candidates(t, budget), *[None] * _decode_competes(t))]
+    items = [
+        (t, r, h) for t in todo for r, h in (*candidates(t, budget), *[(None, None)] * _decode_competes(t))
+    ]
     entries = []
     with ProcessPoolExecutor(jobs) as pool:
         for e in pool.map(_build_one, items):

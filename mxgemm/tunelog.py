@@ -131,7 +131,11 @@ _RULE_INPUTS = ("codegen/prim_func.py", "codegen/decode.py", "formats.py", "layo
 
 
 # sources a rule has on top of _RULE_INPUTS
-_RULE_EXTRA = {"mma": ("codegen/pairs.py", "codegen/mma.py"), "cpu_dot": ("codegen/cpu_dot.py",)}
+_RULE_EXTRA = {
+    "mma": ("codegen/pairs.py", "codegen/mma.py"),
+    "wgmma_w": ("codegen/pairs.py", "codegen/wgmma.py", "codegen/wgmma_w.py"),
+    "cpu_dot": ("codegen/cpu_dot.py",),
+}
 
 
 @functools.cache
@@ -192,9 +196,9 @@ def user_log(arch: str) -> Path:
     return Path(env) if env else Path(platformdirs.user_data_dir("mxgemm")) / "tune_logs" / f"{arch}.json"
 
 
-# rules whose records hold for fp16 and bf16 alike: mma's hints shape both kernels alike; a dequant
-# record (decode + cuBLAS beat the fused kernels) times the same decode and a GEMM of the same speed
-SHARED_ACROSS_DTYPES = ("mma", "dequant")
+# rules whose records hold for fp16 and bf16 alike: mma's and wgmma_w's hints shape both kernels alike; a
+# dequant record (decode + cuBLAS beat the fused kernels) times the same decode and a GEMM of the same speed
+SHARED_ACROSS_DTYPES = ("mma", "wgmma_w", "dequant")
 
 
 def lookup(key: tuple, versions: dict[str, str | None], paths: list[Path] | None = None) -> Record | None:

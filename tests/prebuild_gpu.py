@@ -178,7 +178,7 @@ def _build(kw):
         from mxgemm.codegen import wgmma_w
 
         wgmma_w.compiled(*kw["wgmma_w"])
-        return f"wgmma_w {kw['wgmma_w'][:6]}"
+        return f"wgmma_w {kw['wgmma_w'][:5]}"
     return repr(mxgemm.build(**kw))
 
 

@@ -32,7 +32,8 @@ def _schedule(fmt, n, k, m_bucket, a_dtype, hints=None, rule=None):
 
 def test_the_registry_names_every_rule():
     assert rules.RULES == (
-        "cpu_gemv", "cpu_dot", "cpu", "cpu_dequant", "mma", "gemv", "tensorcore", "dequant", "dlight"
+        "cpu_gemv", "cpu_dot", "cpu", "cpu_dequant", "mma", "wgmma_w", "gemv", "tensorcore", "dequant",
+        "dlight",
     )  # fmt: skip
     for name in rules.RULES:
         rule = rules.get(name)
@@ -54,8 +55,10 @@ def test_the_registry_names_every_rule():
     [
         (_spec("mxfp4", 4096, 4096, 1, "float16"), {"mma", "gemv", "dlight"}),
         (_spec("mxfp4", 4096, 4096, 16, "float16"), {"mma", "gemv", "tensorcore", "dlight"}),
-        (_spec("mxfp4", 4096, 4096, 64, "float16"), {"mma", "tensorcore", "dlight"}),
-        (_spec("mxfp4", 4096, 4096, 256, "float16"), {"mma", "dlight"}),  # mma: warps splitting M
+        (_spec("mxfp4", 4096, 4096, 64, "float16"), {"mma", "wgmma_w", "tensorcore", "dlight"}),
+        (_spec("mxfp4", 4096, 4096, 256, "float16"), {"mma", "wgmma_w", "dlight"}),  # mma: warps splitting M
+        (_spec("mxfp4", 4096, 4096, 128, "bfloat16", arch="sm_80"), {"mma", "dlight"}),  # wgmma: sm_90 only
+        (_spec("mxfp6_e2m3", 4096, 4096, 128, "float16"), {"mma", "dlight"}),  # wgmma_w: 4/8 bits
         (_spec("mxfp4", 4096, 4096, None, "float16"), {"dlight"}),
         (_spec("mxfp4", 4096, 4096, 16, "bfloat16"), {"mma", "gemv", "dlight"}),  # bf16 mma; tensorcore: fp16
         (_spec("mxfp4", 4096, 4096, 4, "float16", block_size=16), {"gemv", "dlight"}),  # 2 scales a step
@@ -76,6 +79,8 @@ def test_the_registry_names_every_rule():
         "m16",
         "m64",
         "m256",
+        "m128-sm80",
+        "m128-6bit",
         "m-any",
         "bf16",
         "block16",
@@ -208,7 +213,7 @@ def test_the_router_the_tuner_and_the_scheduler_agree(fmt, n, k, m_bucket, a_dty
     assert tune.rule_of(task) == routed
     default = tune.candidates(task, 1)[0]
     name, _, used = _schedule(fmt, n, k, m_bucket, a_dtype)
-    assert (name, used) == (routed, default)  # the tuner's first candidate is what runs untuned
+    assert (name, used) == default and name == routed  # the tuner's first candidate is what runs untuned
 
 
 def test_the_package_has_no_import_circle():

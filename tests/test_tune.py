@@ -83,10 +83,14 @@ def test_candidates_deterministic_and_valid(arch, fmt, m_bucket, dtype, rule):
     if m_bucket == 1 and fmt == "mxfp8_e4m3":
         rule = gemv  # 8-bit codes at M=1: gemv streams them faster
     task = tune.Task(fmt, 11008 if rule is gemv else 14336, 4096, m_bucket, dtype, arch)
-    cands = tune.candidates(task, 8)
-    assert cands == tune.candidates(task, 8) and len(cands) == 8
+    pairs = tune.candidates(task, 8)
+    assert pairs == tune.candidates(task, 8)
     spec = task.spec()
     assert tune.rule_of(task) == rule.RULE.name
+    cands = [h for r, h in pairs if r == rule.RULE.name]
+    assert len(cands) == 8 and pairs[:8] == [(rule.RULE.name, h) for h in cands]  # the routed rule's first
+    for r, h in pairs[8:]:  # then those of the rules the router does not pick untuned
+        assert rules.get(r) in rules.rivals(spec) and rules.get(r).typed(h) in rules.get(r).candidates(spec)
     default = rule.RULE.default_hints(spec)
     assert cands[0] == default.to_dict() and len({json.dumps(c) for c in cands}) == 8
     f = mxgemm.formats.get(fmt)
@@ -96,7 +100,8 @@ def test_candidates_deterministic_and_valid(arch, fmt, m_bucket, dtype, rule):
 @pytest.mark.nvcc
 def test_every_gemv_candidate_builds():
     task = tune.Task("mxfp8_e4m3", 256, 2048, 1, "bfloat16", "sm_90")  # gemv: 8-bit codes, one row
-    for hints in tune.candidates(task, 64):
+    for rule, hints in tune.candidates(task, 64):
+        assert rule == "gemv"
         k = mxgemm.build(
             "mxfp8_e4m3",
             n=256,
@@ -114,8 +119,8 @@ def test_every_gemv_candidate_builds():
 def test_every_mma_candidate_builds():
     task = tune.Task("mxfp6_e3m2", 256, 2048, 64, "float16", "sm_90")
     cands = tune.candidates(task, 64)
-    assert len(cands) > 20
-    for hints in cands:
+    assert len(cands) > 20 and {r for r, _ in cands} == {"mma"}  # 6-bit codes: no wgmma_w
+    for _, hints in cands:
         k = mxgemm.build("mxfp6_e3m2", n=256, k=2048, m_bucket=64, target="sm_90", hints=hints, rule="mma")
         assert k.rule == "mma" and k.info["hints"] == hints and "mma.sync" in k.source
 
@@ -265,9 +270,9 @@ def test_candidates_include_the_records_hints(tmp_path, monkeypatch):
     rec = tunelog.lookup(fp16.key(), tune._build_versions("sm_90"), [tunelog.shipped_log("sm_90")])
     assert rec is not None and rec.rule == tune.rule_of(fp16)
     recorded = rules.get(rec.rule).typed(rec.config).to_dict()
-    bf16 = tune.candidates(tune.Task(**shape, a_dtype="bfloat16"), 3)
+    bf16 = [h for r, h in tune.candidates(tune.Task(**shape, a_dtype="bfloat16"), 3) if r == rec.rule]
     assert bf16[1] == recorded and len(bf16) == 3 and len({json.dumps(c, sort_keys=True) for c in bf16}) == 3
-    assert tune.candidates(fp16, 3)[1] == recorded
+    assert tune.candidates(fp16, 3)[1] == (rec.rule, recorded)
 
 
 @pytest.mark.nvcc
@@ -281,7 +286,9 @@ def test_mid_m_tasks_time_decode_then_cublas_too(tmp_path, monkeypatch):
     entries = tune.build([mid, low], 2, tmp_path)
     decode = [e for e in entries if e["rule"] == tune.DECODE_RULE]
     assert [e["task"]["m_bucket"] for e in decode] == [64] and decode[0]["hints"] == {}
-    assert len([e for e in entries if e["task"]["m_bucket"] == 64]) == 3
+    rules_64 = [e["rule"] for e in entries if e["task"]["m_bucket"] == 64]
+    assert sorted(rules_64) == ["dequant", "mma", "mma", "wgmma_w", "wgmma_w"]  # and the unrouted rule's
+    assert all(e["rule"] == "mma" for e in entries if e["task"]["m_bucket"] == 16)
 
 
 @pytest.mark.gpu

@@ -6,62 +6,67 @@ unfolded (rows whose scales span more binades than the fold allows, NaN scales),
 rows bit for bit (which also pins the K order each lane gathers from the portable codes).
 """
 
+import subprocess
+
 import numpy as np
 import pytest
 import torch
 
-from mxgemm import formats, packing, reference
+import mxgemm
+from mxgemm import formats, ops, packing, reference, rules, tunelog
+from mxgemm.codegen import build as builder
+from mxgemm.codegen import target as targets
 from mxgemm.codegen import wgmma_w
 from tests import oracle, ptxas
 
 
 def test_applies_names_the_problem():
     fp4, fp6 = formats.get("mxfp4"), formats.get("mxfp6_e2m3")
-    assert wgmma_w.applies(fp4, 8192, 8192, 128, "float16") is None
-    assert "6 bits" in wgmma_w.applies(fp6, 8192, 8192, 128, "float16")
-    assert "N=192 is not a multiple of 128" in wgmma_w.applies(fp4, 192, 8192, 128, "float16")
-    assert "K=384 is not a multiple of 256" in wgmma_w.applies(fp4, 256, 384, 128, "float16")
-    assert "M tile 256" in wgmma_w.applies(fp4, 256, 512, 256, "float16")
-    with pytest.raises(ValueError, match="wg 1..4"):
-        wgmma_w.Hints(wg=5)
+    assert wgmma_w.applies(fp4, 8192, 8192, "float16") is None
+    assert "6 bits" in wgmma_w.applies(fp6, 8192, 8192, "float16")
+    assert "N=192 is not a multiple of 128" in wgmma_w.applies(fp4, 192, 8192, "float16")
+    assert "K=384 is not a multiple of 256" in wgmma_w.applies(fp4, 256, 384, "float16")
+    assert "exceed" in wgmma_w.applies(fp4, 256, 512, "float16", wgmma_w.Hints(2, 6, 1))
+    assert "spill" in wgmma_w.applies(fp4, 768, 512, "float16", wgmma_w.Hints(3, 4, 1, mt=128))
+    for bad in (dict(wg=5), dict(mt=256), dict(stages=2)):
+        with pytest.raises(ValueError, match="wg 1..4"):
+            wgmma_w.Hints(**bad)
 
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize(
-    ("fmt", "dtype", "hints", "m_tile"),
-    [("mxfp4", "float16", wgmma_w.Hints(), 128), ("mxfp8_e4m3", "bfloat16", wgmma_w.Hints(1, 4, 1), 64)],
+    ("fmt", "dtype", "hints"),
+    [("mxfp4", "float16", wgmma_w.Hints()), ("mxfp8_e4m3", "bfloat16", wgmma_w.Hints(1, 4, 1, mt=64))],
 )
-def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints, m_tile):
+def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
     import tvm
 
     from mxgemm.codegen import build as builder
     from mxgemm.codegen.wgmma import TARGET
 
     ab = {"float16": "f16", "bfloat16": "bf16"}[dtype]
-    f = wgmma_w.kernel(
-        formats.get(fmt), n=512, k=512, m_tile=m_tile, out_dtype=dtype, bias=True, a_dtype=dtype, hints=hints
-    )
+    f = wgmma_w.kernel(formats.get(fmt), n=512, k=512, out_dtype=dtype, bias=True, a_dtype=dtype, hints=hints)
     src = builder.compile_export(tvm.IRModule({"main": f}), TARGET, tmp_path / "k.so")["source"]
-    assert f"wgmma.mma_async.sync.aligned.m64n{m_tile}k16.f32.{ab}.{ab}" in src
+    assert f"wgmma.mma_async.sync.aligned.m64n{hints.mt}k16.f32.{ab}.{ab}" in src
     ptxas.assert_wgmmas_async_no_spills(src, tmp_path)
 
 
 # ---- on a Hopper GPU (kernels built where TVM can build them) -----------------------------------------
 
 GPU_FORMATS = [("mxfp4", "float16"), ("mxfp4", "bfloat16"), ("mxfp8_e4m3", "float16"), ("mxint8", "bfloat16")]
-GPU_TILES = [(wgmma_w.Hints(), 128, 200), (wgmma_w.Hints(1, 4, 1), 64, 37)]  # (hints, M tile, M)
-# the kernels of the GPU tests, (fmt, N, K, M tile, dtype, bias, hints), for tests.prebuild_gpu
-PREBUILD = [(f, 256, 512, mt, dt, True, h) for f, dt in GPU_FORMATS for h, mt, _ in GPU_TILES]
-PREBUILD += [("mxfp4", 128, 512, 128, "float16", False, wgmma_w.Hints())]
+GPU_TILES = [(wgmma_w.Hints(), 200), (wgmma_w.Hints(1, 4, 1, mt=64), 37)]  # (hints, M)
+# the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu
+PREBUILD = [(f, 256, 512, dt, True, h) for f, dt in GPU_FORMATS for h, _ in GPU_TILES]
+PREBUILD += [("mxfp4", 128, 512, "float16", False, wgmma_w.Hints())]
 hopper = pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
     reason="needs a Hopper GPU",
 )
 
 
-def _run(fmt, x, q, dtype, hints, m_tile, bias=None):
+def _run(fmt, x, q, dtype, hints, bias=None):
     n, k = q.shape
-    func = wgmma_w.compiled(fmt, n, k, m_tile, dtype, bias is not None, hints)
+    func = wgmma_w.compiled(fmt, n, k, dtype, bias is not None, hints)
     y = torch.empty(x.shape[0], n, dtype=x.dtype, device="cuda")
     func(x, q.blocks, q.scales, *([bias] if bias is not None else []), y)
     return y
@@ -76,9 +81,9 @@ def _dequant(q, fmt) -> torch.Tensor:
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize(("fmt", "dtype"), GPU_FORMATS)
-@pytest.mark.parametrize(("hints", "m_tile", "m"), GPU_TILES)
+@pytest.mark.parametrize(("hints", "m"), GPU_TILES)
 @pytest.mark.parametrize("unfolded", [False, True])
-def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m_tile, m, unfolded):
+def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m, unfolded):
     torch.manual_seed(0)
     n, k = 256, 512
     w = torch.randn(n, k, device="cuda") * 0.05
@@ -90,7 +95,7 @@ def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m_tile, m, unfol
     dt = getattr(torch, dtype)
     x = (torch.randn(m, k, device="cuda") * 2).to(dt)
     bias = torch.randn(n, device="cuda").to(dt)
-    y = _run(fmt, x, q, dtype, hints, m_tile, bias).cpu().double()
+    y = _run(fmt, x, q, dtype, hints, bias).cpu().double()
     wd = _dequant(q, fmt)
     ref = x.cpu().double() @ wd.T + bias.cpu().double()
     rounding = 2.0 ** -(11 if dtype == "float16" else 8)
@@ -109,6 +114,71 @@ def test_gpu_one_hot_rows_are_bit_exact():
     cols = torch.arange(m) * 3 % k
     x = torch.zeros(m, k, dtype=torch.float16, device="cuda")
     x[torch.arange(m), cols] = 1.0
-    y = _run(fmt, x, q, "float16", wgmma_w.Hints(), 128).cpu()
+    y = _run(fmt, x, q, "float16", wgmma_w.Hints()).cpu()
     want = _dequant(q, fmt)[:, cols].T.to(torch.float16)
     assert torch.equal(y, want), np.abs((y.double() - want.double()).numpy()).max()
+
+
+# ---- the rule (mxgemm.rules.wgmma_w): routed only where a tune record names it -----------------------
+
+
+def _record(tmp_path, monkeypatch, fmt, n, k, m_bucket, hints):
+    """A user tune log whose one record says ``wgmma_w`` with ``hints`` measured fastest."""
+    log = tmp_path / "user.json"
+    monkeypatch.setenv("MXGEMM_TUNE_LOG", str(log))
+    versions = tunelog.rule_versions("wgmma_w", builder.versions(targets.cuda("sm_90")))
+    config = hints.to_dict()
+    rec = tunelog.Record(fmt, n, k, m_bucket, "float16", "sm_90", "wgmma_w", config, 1.0, "x", versions)
+    tunelog.merge(log, [rec])
+    ops.plan.cache_clear()  # decided once per layer shape and M
+
+
+def test_the_rule_runs_where_a_record_names_it(tmp_path, monkeypatch):
+    spec = builder.KernelSpec("mxfp4", 512, 1024, 128, "float16", "float16", False, 32, targets.cuda("sm_90"))
+    rule = rules.get("wgmma_w")
+    assert rule not in rules.route(spec) and rules.rivals(spec) == [rule]
+    assert ops.plan(100, "sm_90", "mxfp4", 512, 1024, "float16") == ("decode", None)  # 128 rows: no record
+    _record(tmp_path, monkeypatch, "mxfp4", 512, 1024, 128, wgmma_w.Hints(2, 4, 1, mt=64))
+    assert ops.plan(100, "sm_90", "mxfp4", 512, 1024, "float16") == ("linear", 128)
+    assert ops.plan(100, "sm_90", "mxfp4", 512, 1024, "bfloat16") == ("linear", 128)  # the fp16 record holds
+    assert ops.plan(100, "sm_90", "mxfp4", 1024, 1024, "float16") == ("decode", None)  # another shape
+
+
+@pytest.mark.nvcc
+def test_a_records_kernel_is_built_for_sm_90a(tmp_path, monkeypatch):
+    """Built for the ``sm_90`` target the rules and the log know, compiled for ``sm_90a`` (ptxas
+    rejects wgmma elsewhere): the record's M tile, wgmmas asynchronous, no spills."""
+    monkeypatch.setenv("MXGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    _record(tmp_path, monkeypatch, "mxfp4", 512, 1024, 128, wgmma_w.Hints(2, 4, 1, mt=64))
+    kern = mxgemm.build("mxfp4", n=512, k=1024, m_bucket=128, target="sm_90")
+    assert kern.rule == "wgmma_w" and kern.info["hints"] == wgmma_w.Hints(2, 4, 1, mt=64).to_dict()
+    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16" in kern.source
+    ptxas.assert_wgmmas_async_no_spills(kern.source, tmp_path)
+    with pytest.raises(subprocess.CalledProcessError) as e:  # what the arch attribute spares the rule
+        ptxas.report(kern.source, tmp_path, arch="sm_90")
+    assert "wgmma" in e.value.stderr
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gpu_linear_runs_the_records_kernel(tmp_path, monkeypatch, dtype):
+    """``mxgemm.linear`` at 100 rows with a ``wgmma_w`` record: the record's kernel, against the
+    oracle's float64 product, and one-hot rows bit for bit."""
+    fmt, n, k, m = "mxfp4", 512, 1024, 100
+    _record(tmp_path, monkeypatch, fmt, n, k, 128, wgmma_w.Hints(2, 4, 1, mt=64))
+    dt = getattr(torch, dtype)
+    torch.manual_seed(1)
+    w = mxgemm.quantize(torch.randn(n, k, device="cuda") * 0.05, fmt)
+    kern = mxgemm.build(fmt, n=n, k=k, m_bucket=128, a_dtype=dtype, target="cuda")
+    assert kern.rule == "wgmma_w"
+    x = (torch.randn(m, k, device="cuda") * 2).to(dt)
+    y = mxgemm.linear(x, w).cpu().double()
+    wd = _dequant(w, fmt)
+    ref = x.cpu().double() @ wd.T
+    rounding = 2.0 ** -(11 if dtype == "float16" else 8)
+    assert ((y - ref).abs() <= x.cpu().double().abs() @ wd.abs().T * 2.0**-20 + ref.abs() * rounding).all()
+    cols = torch.arange(m) * 7 % k
+    onehot = torch.zeros(m, k, dtype=dt, device="cuda")
+    onehot[torch.arange(m), cols] = 1.0
+    assert torch.equal(mxgemm.linear(onehot, w).cpu(), wd[:, cols].T.to(dt))

@@ -105,18 +105,23 @@ def enable() -> None:
 
 
 PDL = "tirx.use_programtic_dependent_launch"  # TVM's launch tag (sic) for programmatic dependent launch
+ARCH_ATTR = "mxgemm.arch"  # a PrimFunc attribute naming the arch to compile for (``sm_90a`` for wgmma)
 
 
 def compile_module(mod: Any, target: dict[str, Any]) -> Any:
-    """``tvm.compile`` of a scheduled IRModule for a CUDA target; the device code is a fatbin. A
-    PrimFunc with the :data:`PDL` attribute has its kernels launched with programmatic stream
-    serialization (TVM drops the attribute when it splits host from device code: it is put back on
-    the kernels' launch tags here)."""
+    """``tvm.compile`` of a scheduled IRModule for a CUDA target; the device code is a fatbin, for the
+    target's arch or the one a PrimFunc's :data:`ARCH_ATTR` names (wgmma kernels: ``sm_90a``, while
+    the rules and the tune log know the arch as ``sm_90``). A PrimFunc with the :data:`PDL` attribute
+    has its kernels launched with programmatic stream serialization (TVM drops the attribute when it
+    splits host from device code: it is put back on the kernels' launch tags here)."""
     import tvm
     from tvm.tirx.build import split_host_device_mods, tir_to_runtime
 
     enable()
-    tgt = tvm.target.Target(target)
+    archs = {str(f.attrs[ARCH_ATTR]) for f in mod.functions.values() if f.attrs and ARCH_ATTR in f.attrs}
+    if len(archs) > 1:
+        raise ValueError(f"one module, one arch: its functions ask for {sorted(archs)}")
+    tgt = tvm.target.Target({**target, "arch": archs.pop()} if archs else target)
     if not any(f.attrs and f.attrs.get(PDL) for f in mod.functions.values()):
         with tgt:
             return tvm.compile(mod, target=tgt)

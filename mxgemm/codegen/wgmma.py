@@ -18,6 +18,7 @@ from typing import Any
 from tvm import tirx
 
 from mxgemm.codegen.decode import u32
+from mxgemm.codegen.nvcc import ARCH_ATTR
 
 ARCH = "sm_90a"  # wgmma is an sm_90a feature
 TARGET = {"kind": "cuda", "arch": ARCH}
@@ -49,10 +50,11 @@ def descriptor(T, buf, which: int, start):  # noqa: N803
 
 
 def main_args(T, names, bias: bool):  # noqa: N803
-    """Open the PrimFunc ``main`` (no aliasing): the dynamic row count ``m`` (int64) and the handles of
-    the arguments ``names``, then ``Bias`` (if ``bias``, else None), then ``Y``."""
+    """Open the PrimFunc ``main`` (no aliasing, compiled for :data:`ARCH` even when built for an
+    ``sm_90`` target): the dynamic row count ``m`` (int64) and the handles of the arguments ``names``,
+    then ``Bias`` (if ``bias``, else None), then ``Y``."""
     T.func_name("main")
-    T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+    T.func_attr({"global_symbol": "main", "tirx.noalias": True, ARCH_ATTR: ARCH})
     handles = [T.arg(name, T.handle()) for name in names]
     bias_h = T.arg("Bias", T.handle()) if bias else None
     return tirx.Var("m", "int64"), handles, bias_h, T.arg("Y", T.handle())

@@ -1,9 +1,9 @@
 """A decode-fused GEMM on Hopper's wgmma for mid and large M: MX/BFP weights × fp16/bf16 activations.
 
 Operands are swapped as in :mod:`~mxgemm.codegen.mma` (``Y^T = W X^T``): a warpgroup's 64 weight rows
-are the wgmma's M, decoded in registers straight into its A fragment (``wgmma ... m64n{m_tile}k16``
+are the wgmma's M, decoded in registers straight into its A fragment (``wgmma ... m64n{mt}k16``
 with A from registers, per warp the layout of ``mma.sync.m16n8k16``'s A:
-:func:`~mxgemm.codegen.pairs.decode_pair`), and ``m_tile`` activation rows its N, read by the tensor
+:func:`~mxgemm.codegen.pairs.decode_pair`), and ``Hints.mt`` activation rows its N, read by the tensor
 cores from shared memory (128-byte-swizzled, :mod:`~mxgemm.codegen.wgmma`). The block scales are
 folded into the decoded pairs (:func:`~mxgemm.codegen.pairs.fold`: each pair times
 ``2^(code - row max + c0)``, one exact ``fma``), so the wgmmas accumulate the whole K in fp32 and each
@@ -18,7 +18,7 @@ codes). A wgmma's A fragment wants lane ``j``'s 8 codes of a 32-code step to be 
 2j+8, 2j+9`` (the step's first k16 wgmma) and ``+16`` (its second), so the activations stay in natural
 K order: each lane loads its rows' 16 (32) bytes of the step and gathers them with ``prmt``.
 
-Block: ``wg`` warpgroups (64 weight rows each) × ``m_tile`` activation rows, over K in slots of 128
+Block: ``wg`` warpgroups (64 weight rows each) × ``mt`` activation rows, over K in slots of 128
 (4 scale steps, 8 wgmmas). A ``cp.async`` ring of ``stages`` slots holds the activations (two
 128-byte-swizzled halves of 64 K), the codes (XOR-swizzled 16-byte chunks a row, so a quarter-warp's
 8 rows hit distinct banks) and the scale codes (4 bytes a row). Each iteration decodes the slot's 4
@@ -53,29 +53,36 @@ from mxgemm.codegen.wgmma import (
 STEP = 32  # K per scale block: two k16 wgmmas
 BK = 128  # K per ring slot
 WIDTHS = (4, 8)  # code widths with one bit plane
+M_TILES = (64, 128)  # activation rows a block (256: the unfolded path's fragment would spill)
 
 
 @dataclass(frozen=True)
 class Hints:
     """wg: warpgroups per block (1..4), 64 weight rows each; stages: ring slots (3..6); double: 1 to
-    decode the next slot while this one's wgmmas run (two fragment sets)."""
+    decode the next slot while this one's wgmmas run (two fragment sets); mt: activation rows a
+    block (the wgmmas' N: 64 or 128; the grid tiles any M)."""
 
     wg: int = 2
     stages: int = 4
     double: int = 1
+    mt: int = 128
 
     def __post_init__(self) -> None:
-        if self.wg not in (1, 2, 3, 4) or not 3 <= self.stages <= 6 or self.double not in (0, 1):
-            raise ValueError(f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1")
+        ok = self.wg in (1, 2, 3, 4) and 3 <= self.stages <= 6 and self.double in (0, 1)
+        if not ok or self.mt not in M_TILES:
+            raise ValueError(f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 64|128")
 
-    def slot_bytes(self, m_tile: int, bits: int) -> tuple[int, int, int]:
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def slot_bytes(self, bits: int) -> tuple[int, int, int]:
         """Byte offsets in a slot of the codes and the scale codes, and the slot's size."""
-        codes = 2 * m_tile * ROW
+        codes = 2 * self.mt * ROW
         scales = codes + 64 * self.wg * 16 * bits
         return codes, scales, -(-(scales + 64 * self.wg * 4) // 1024) * 1024
 
 
-def applies(fmt: formats.Format, n: int, k: int, m_tile: int, a_dtype: str, h: Hints = Hints()) -> str | None:
+def applies(fmt: formats.Format, n: int, k: int, a_dtype: str, h: Hints = Hints()) -> str | None:
     """Why the kernel cannot run ``[*, k] @ [n, k]^T`` of ``fmt`` weights, or None."""
     if fmt.bits not in WIDTHS:
         return f"{fmt.name}: codes of {fmt.bits} bits (one plane of 4 or 8 bits wanted)"
@@ -85,10 +92,10 @@ def applies(fmt: formats.Format, n: int, k: int, m_tile: int, a_dtype: str, h: H
         return f"N={n} is not a multiple of {64 * h.wg}"
     if k % (2 * BK if h.double else BK):
         return f"K={k} is not a multiple of {2 * BK if h.double else BK}"
-    if m_tile not in (64, 128):  # 256: the unfolded path's fragment would spill
-        return f"M tile {m_tile} (64 or 128)"
-    if h.stages * h.slot_bytes(m_tile, fmt.bits)[2] > SMEM_MAX:
-        return f"{h.stages} slots of {h.slot_bytes(m_tile, fmt.bits)[2]} bytes exceed {SMEM_MAX}"
+    if h.wg * h.mt > 256:  # ptxas: 128-row fragments need ~230 registers a thread, 170 at most at 384 threads
+        return f"{h.wg} warpgroups with an M tile of {h.mt} spill registers (2 at most)"
+    if h.stages * h.slot_bytes(fmt.bits)[2] > SMEM_MAX:
+        return f"{h.stages} slots of {h.slot_bytes(fmt.bits)[2]} bytes exceed {SMEM_MAX}"
     return None
 
 
@@ -97,7 +104,6 @@ def kernel(
     *,
     n: int,
     k: int,
-    m_tile: int,
     out_dtype: str,
     bias: bool,
     a_dtype: str,
@@ -106,7 +112,7 @@ def kernel(
     """The kernel as a PrimFunc with :func:`~mxgemm.codegen.prim_func.prim_func`'s arguments: A
     ``a_dtype [m, k]`` (m dynamic), B uint8 ``[n, k*bits/8]`` (the portable codes, one plane), S uint8
     ``[n, k/32]``, Bias ``out_dtype [n]`` (if ``bias``), Y ``out_dtype [m, n]``."""
-    why = applies(fmt, n, k, m_tile, a_dtype, hints)
+    why = applies(fmt, n, k, a_dtype, hints)
     if why:
         raise ValueError(f"wgmma_w: {why}")
     from tvm.script.ir_builder import IRBuilder
@@ -114,32 +120,32 @@ def kernel(
 
     with IRBuilder() as ib:
         with T.prim_func():
-            _Kernel(T, fmt, n, k, m_tile, out_dtype, bias, a_dtype, hints).emit()
+            _Kernel(T, fmt, n, k, out_dtype, bias, a_dtype, hints).emit()
     return ib.get()
 
 
-def compiled(fmt: str, n: int, k: int, m_tile: int, dtype: str, bias: bool, hints: Hints = Hints()):
+def compiled(fmt: str, n: int, k: int, dtype: str, bias: bool, hints: Hints = Hints()):
     """The kernel (called ``f(A, B, S, [Bias], Y)``, :func:`kernel`'s arguments, activations and
     outputs in ``dtype``), built once into the kernel cache."""
-    spec = {"op": "wgmma_w", "fmt": fmt, "n": n, "k": k, "m_tile": m_tile, "dtype": dtype, "bias": bias}
+    spec = {"op": "wgmma_w", "fmt": fmt, "n": n, "k": k, "dtype": dtype, "bias": bias}
     f = formats.get(fmt)
     return cached(
         {**spec, "hints": asdict(hints)},
-        lambda: kernel(f, n=n, k=k, m_tile=m_tile, out_dtype=dtype, bias=bias, a_dtype=dtype, hints=hints),
+        lambda: kernel(f, n=n, k=k, out_dtype=dtype, bias=bias, a_dtype=dtype, hints=hints),
     )
 
 
 class _Kernel:
-    def __init__(self, T, fmt, n, k, m_tile, out_dtype, bias, a_dtype, h: Hints):  # noqa: N803, PLR0913
-        self.T, self.fmt, self.n, self.k, self.m_tile = T, fmt, n, k, m_tile
+    def __init__(self, T, fmt, n, k, out_dtype, bias, a_dtype, h: Hints):  # noqa: N803, PLR0913
+        self.T, self.fmt, self.n, self.k, self.m_tile = T, fmt, n, k, h.mt
         self.out_dtype, self.bias, self.a_dtype, self.h = out_dtype, bias, a_dtype, h
         self.w = fmt.bits  # bytes of a lane's 8 codes of a row
         self.fold = pairs.fold(fmt, a_dtype)
         self.fma = pairs.bf16_fma(fmt, a_dtype)
-        self.codes_off, self.scales_off, self.slot = h.slot_bytes(m_tile, fmt.bits)
+        self.codes_off, self.scales_off, self.slot = h.slot_bytes(fmt.bits)
         self.iters = k // BK
         self.ahead = h.stages - 2 if h.double else h.stages - 1
-        self.frag = m_tile // 2  # fp32 registers of a thread's m64n{m_tile} fragment
+        self.frag = h.mt // 2  # fp32 registers of a thread's m64n{m_tile} fragment
 
     def emit(self) -> None:
         T, h, n, k = self.T, self.h, self.n, self.k

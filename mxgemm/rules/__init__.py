@@ -3,7 +3,8 @@ and router, which `mxgemm.ops.plan`, `mxgemm.build` and `mxgemm tune` all query.
 
 :data:`RULES` names every rule and :func:`get` returns one. :func:`route` gives the rules that serve a
 spec, in the order they are tried; :func:`rule_for` the tunable one among them (what `mxgemm tune`
-tunes); :func:`schedule` makes the kernel, given a tune record's hints first (typed by the rule the
+tunes); :func:`rivals` the rules the router does not pick untuned, which the tuner measures beside
+it; :func:`schedule` makes the kernel, given a tune record's hints first (typed by the rule the
 record names, never guessed from field names).
 """
 
@@ -19,9 +20,11 @@ from mxgemm.rules.base import Make, Rule, Scheduled
 log = logging.getLogger(__name__)
 
 
-RULES = ("cpu_gemv", "cpu_dot", "cpu", "cpu_dequant", "mma", "gemv", "tensorcore", "dequant", "dlight")
+RULES = (
+    "cpu_gemv", "cpu_dot", "cpu", "cpu_dequant", "mma", "wgmma_w", "gemv", "tensorcore", "dequant", "dlight"
+)  # fmt: skip
 # rules with hints (what a tune record may name)
-TUNABLE = ("cpu_gemv", "cpu_dot", "cpu", "mma", "gemv", "tensorcore")
+TUNABLE = ("cpu_gemv", "cpu_dot", "cpu", "mma", "wgmma_w", "gemv", "tensorcore")
 _CUDA_LINEAR = ("mma", "tensorcore", "gemv", "dlight")  # the router's order for a CUDA linear kernel
 
 
@@ -59,7 +62,14 @@ def route(spec: Any) -> list[Rule]:
         names = _CUDA_LINEAR
         if plane_widths(formats.get(spec.fmt).bits)[0] == 8 and spec.m_bucket == 1:
             names = tuple(n for n in names if n != "mma")
-    return [r for r in map(get, names) if r.applies(spec)]
+    return [r for r in map(get, names) if r.routed and r.applies(spec)]
+
+
+def rivals(spec: Any) -> list[Rule]:
+    """The rules that serve ``spec`` only where a tune record names them (``routed`` False, e.g.
+    ``wgmma_w``), in :data:`RULES` order: the tuner measures their candidates beside
+    :func:`rule_for`'s."""
+    return [r for r in map(get, TUNABLE) if not r.routed and r.applies(spec)]
 
 
 def rule_for(spec: Any) -> Rule | None:

@@ -39,6 +39,9 @@ class Rule:
 
     name: ClassVar[str] = ""
     Hints: ClassVar[type | None] = None
+    # False: the router never picks the rule untuned; it runs where a tune record names it (a rule that
+    # wins on some shapes only; the tuner measures it beside the routed rule, :func:`mxgemm.rules.rivals`)
+    routed: ClassVar[bool] = True
 
     def applies(self, spec: Any) -> bool:
         """Whether the rule makes a kernel for ``spec`` (its real block size, target and bucket) with

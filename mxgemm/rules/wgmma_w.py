@@ -1,0 +1,82 @@
+"""GPU rule ``wgmma_w``: Hopper's wgmma fed from registers for fp16 or bf16 activations at mid M (buckets
+64, 128, 256). Not routed untuned: it runs where the tune log names it, the tuner measuring it beside
+the ``mma`` rule and decode + cuBLAS (on an H200 it wins at 64 rows on the large shapes, 1.23x cuBLAS
+on 28672×8192 where ``mma`` reaches 1.00x, and at 128 rows on most: ``benchmarks/README.md``). This
+module is the policy; the kernel and what its hints mean are :mod:`mxgemm.codegen.wgmma_w`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from mxgemm import formats
+from mxgemm.codegen import target as targets
+from mxgemm.codegen.wgmma import SMEM_MAX
+from mxgemm.codegen.wgmma_w import M_TILES, Hints, applies, kernel
+from mxgemm.rules.base import Rule, Scheduled, cheapest, cuda_linear
+
+BUCKETS = (64, 128, 256)
+
+
+class WgmmaW(Rule):
+    """sm_90 (the kernel is compiled for sm_90a), fp16 or bf16 activations, a bucket of
+    :data:`BUCKETS`, one plane of 4- or 8-bit codes whose block scales fold into the activations'
+    dtype (:func:`mxgemm.codegen.wgmma_w.applies`), blocks of 32."""
+
+    name = "wgmma_w"
+    Hints = Hints
+    routed = False
+
+    @staticmethod
+    def _serves(spec: Any) -> bool:
+        return (
+            cuda_linear(spec, BUCKETS)
+            and targets.sm_version(spec.target["arch"]) == 90
+            and spec.block_size == 32
+        )
+
+    def candidates(self, spec: Any) -> list[Hints]:
+        """Every hint set whose M tile is at most the bucket, that tiles the shape and fits the
+        shared memory (deterministic order)."""
+        if not self._serves(spec):
+            return []
+        f = formats.get(spec.fmt)
+        space = itertools.product((1, 2, 4), (3, 4, 5), (1, 0), M_TILES)
+        hints = (Hints(*p) for p in space if p[3] <= spec.m_bucket)
+        return [h for h in hints if applies(f, spec.n, spec.k, spec.a_dtype, h) is None]
+
+    def cost(self, spec: Any, h: Hints) -> float:
+        """Blocks against what the SMs hold at once (a grid short of one wave idles SMs, a ragged last
+        wave costs its share), and what the H200 sweeps measured (``wgmma_w-*.jsonl``): two fragment
+        sets and 4 slots beat one and 3, 5 or 6; the 128-row tile at 128 rows and past."""
+        sms = targets.sm_count(spec.target["arch"])
+        per_sm = max(1, min(SMEM_MAX // (h.stages * h.slot_bytes(formats.get(spec.fmt).bits)[2]), 4 // h.wg))
+        blocks = spec.n // (64 * h.wg) * -(-spec.m_bucket // h.mt)
+        slots = sms * per_sm
+        waves = -(-blocks // slots)
+        fill = blocks / (waves * slots)
+        measured = (1.0 if h.double else 1.15) * (1.0 + 0.05 * abs(h.stages - 4))
+        tile = 1.0 if h.mt == min(spec.m_bucket, 128) else 1.1
+        return waves / fill**0.5 * measured * tile
+
+    def default_hints(self, spec: Any) -> Hints | None:
+        """The cheapest candidate by :meth:`cost` (the rule is not routed: this seeds the tuner)."""
+        return cheapest(self, spec)
+
+    def apply(self, spec: Any, make: Any, hints: Hints | None = None) -> Scheduled | None:
+        """The kernel (:func:`mxgemm.codegen.wgmma_w.kernel`, written, not scheduled: ``make`` unused)."""
+        del make
+        h = hints if hints is not None else self.default_hints(spec)
+        if h is None or h not in self.candidates(spec):
+            return None
+        import tvm
+
+        func = kernel(
+            formats.get(spec.fmt), n=spec.n, k=spec.k, out_dtype=spec.out_dtype, bias=spec.bias,
+            a_dtype=spec.a_dtype, hints=h,
+        )  # fmt: skip
+        return Scheduled(self.name, tvm.IRModule({"main": func}), h)
+
+
+RULE = WgmmaW()
