@@ -241,7 +241,7 @@ def _tune(args: argparse.Namespace) -> int:
 
     try:
         if args.merge:
-            winners = tune.merge(args.merge, args.log or tunelog.user_log(args.arch))
+            winners = tune.merge(args.merge, args.log or tunelog.user_log(args.arch), args.replace)
             print(f"merged {len(winners)} records into {args.log or tunelog.user_log(args.arch)}")
             return 0
         if args.measure:
@@ -274,7 +274,7 @@ def _tune(args: argparse.Namespace) -> int:
         for note in notes:
             print(f"note: {note}")
         log = Path(args.log) if args.log else tunelog.user_log(args.arch)
-        todo = tune.pending(todo, log)
+        todo = todo if args.replace else tune.pending(todo, log)  # --replace: re-tune what the log has
         print(f"{len(todo)} task(s) to tune ({len(shapes)} shape(s) x {len(fmts)} format(s)); log {log}")
         if not todo:
             return 0
@@ -293,7 +293,7 @@ def _tune(args: argparse.Namespace) -> int:
                 done = Path(kdir) / tune.MEASUREMENTS
                 kept = tune.merge(kdir, log) if done.exists() and tunelog.read(done) else []
                 raise tune.TuneError(f"{e}; merged {len(kept)} records into {log}") from None
-            winners = tune.merge(kdir, log)
+            winners = tune.merge(kdir, log, args.replace)
         print(f"merged {len(winners)} records into {log}")
     except (tune.TuneError, ValueError) as e:
         print(f"mxgemm tune: error: {e}", file=sys.stderr)
@@ -499,6 +499,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="tune log to merge into (default: the arch's user log, $MXGEMM_TUNE_LOG or "
         "<user data dir>/mxgemm/tune_logs/ARCH.json, which every later build on this machine reads; "
         "give --log FILE to keep the results apart)",
+    )
+    t.add_argument(
+        "--replace",
+        action="store_true",
+        help="the run's winners replace the log's records of their tasks, even faster ones (which another "
+        "card or day measured; a task's candidates include the log's hints, so the run measured those too)",
     )
     t.add_argument("--jobs", type=int, default=2, help="parallel builds")
     t.add_argument("--table", help="also write the tuned-vs-default markdown table here")

@@ -457,8 +457,9 @@ def measure(kernel_dir: str | Path, seconds: float | None = None, progress=None)
 # ---- step 3: merge ---------------------------------------------------------------------------------
 
 
-def merge(kernel_dir: str | Path, log_path: str | Path) -> list[tunelog.Record]:
-    """The fastest measured candidate per task, merged into the log at ``log_path``; returns them."""
+def merge(kernel_dir: str | Path, log_path: str | Path, replace: bool = False) -> list[tunelog.Record]:
+    """The fastest measured candidate per task, merged into the log at ``log_path`` (``replace``: in
+    place of the log's records of those tasks, :func:`mxgemm.tunelog.merge`); returns them."""
     measured = tunelog.read(Path(kernel_dir) / MEASUREMENTS)
     if not measured:
         raise TuneError(
@@ -472,7 +473,7 @@ def merge(kernel_dir: str | Path, log_path: str | Path) -> list[tunelog.Record]:
     stale = [r for r in winners if r.versions != tunelog.rule_versions(r.rule, _build_versions(r.arch))]
     if stale:  # measured kernels of other sources: keep the log's current records over them
         log.warning("%d measured records are from other sources than this checkout's", len(stale))
-    tunelog.merge(log_path, winners, _build_versions(winners[0].arch))
+    tunelog.merge(log_path, winners, _build_versions(winners[0].arch), replace)
     return winners
 
 

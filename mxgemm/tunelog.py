@@ -157,16 +157,21 @@ def _is_current(r: Record, versions: dict[str, str | None] | None) -> bool:
 
 
 def merge(
-    path: str | Path, records: list[Record], versions: dict[str, str | None] | None = None
+    path: str | Path,
+    records: list[Record],
+    versions: dict[str, str | None] | None = None,
+    replace: bool = False,
 ) -> list[Record]:
     """Add ``records`` to the log at ``path`` (atomic, under a file lock); per key the fastest current
     record (:func:`rule_versions` of the build ``versions``) wins, and records of other versions give
-    way to current ones."""
+    way to current ones. ``replace``: the log's records of the keys ``records`` hold go first (a
+    re-tune, measured in one run against the hints it replaces, on another card or day than theirs)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock"):
         best: dict[tuple, Record] = {}
-        for r in [*read(path), *records]:
+        renewed = {r.key() for r in records} if replace else set()
+        for r in [*(r for r in read(path) if r.key() not in renewed), *records]:
             old = best.get(r.key())
             current = _is_current(r, versions)
             old_current = old is not None and _is_current(old, versions)

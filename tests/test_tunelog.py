@@ -27,6 +27,15 @@ def test_merge_keeps_the_fastest_per_key_and_round_trips(tmp_path):
     assert not list(tmp_path.glob(".sm_90.json.*"))  # the temp file was renamed into place
 
 
+def test_a_replacing_merge_renews_its_keys_even_if_slower(tmp_path):
+    """A re-tune (measured against the hints it replaces, in one run) replaces its keys' records; the
+    log's other keys stay, and within the run the fastest record of a key still wins."""
+    p = tmp_path / "sm_90.json"
+    tunelog.merge(p, [rec(10.0, rows=2), rec(30.0, n=8192)], V1)
+    merged = tunelog.merge(p, [rec(14.0, rows=4), rec(12.0, rows=8)], V1, replace=True)
+    assert [(r.n, r.us, r.config) for r in merged] == [(4096, 12.0, {"rows": 8}), (8192, 30.0, {})]
+
+
 def test_current_versions_replace_old_ones_even_if_slower(tmp_path):
     p = tmp_path / "sm_90.json"
     tunelog.merge(p, [rec(10.0, versions=V1)], V1)

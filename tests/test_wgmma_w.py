@@ -58,6 +58,8 @@ GPU_TILES = [(wgmma_w.Hints(), 200), (wgmma_w.Hints(1, 4, 1, mt=64), 37)]  # (hi
 # the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu
 PREBUILD = [(f, 256, 512, dt, True, h) for f, dt in GPU_FORMATS for h, _ in GPU_TILES]
 PREBUILD += [("mxfp4", 128, 512, "float16", False, wgmma_w.Hints())]
+# test_gpu_linear_runs_the_records_kernel's: its record's layer, n, k, bucket and hints
+LINEAR = ("mxfp4", 512, 1024, 128, wgmma_w.Hints(2, 4, 1, mt=64))
 hopper = pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
     reason="needs a Hopper GPU",
@@ -165,12 +167,12 @@ def test_a_records_kernel_is_built_for_sm_90a(tmp_path, monkeypatch):
 def test_gpu_linear_runs_the_records_kernel(tmp_path, monkeypatch, dtype):
     """``mxgemm.linear`` at 100 rows with a ``wgmma_w`` record: the record's kernel, against the
     oracle's float64 product, and one-hot rows bit for bit."""
-    fmt, n, k, m = "mxfp4", 512, 1024, 100
-    _record(tmp_path, monkeypatch, fmt, n, k, 128, wgmma_w.Hints(2, 4, 1, mt=64))
+    (fmt, n, k, bucket, hints), m = LINEAR, 100
+    _record(tmp_path, monkeypatch, fmt, n, k, bucket, hints)
     dt = getattr(torch, dtype)
     torch.manual_seed(1)
     w = mxgemm.quantize(torch.randn(n, k, device="cuda") * 0.05, fmt)
-    kern = mxgemm.build(fmt, n=n, k=k, m_bucket=128, a_dtype=dtype, target="cuda")
+    kern = mxgemm.build(fmt, n=n, k=k, m_bucket=bucket, a_dtype=dtype, target="cuda")
     assert kern.rule == "wgmma_w"
     x = (torch.randn(m, k, device="cuda") * 2).to(dt)
     y = mxgemm.linear(x, w).cpu().double()
