@@ -145,7 +145,7 @@ class _Kernel:
         self.codes_off, self.scales_off, self.slot = h.slot_bytes(fmt.bits)
         self.iters = k // BK
         self.ahead = h.stages - 2 if h.double else h.stages - 1
-        self.frag = h.mt // 2  # fp32 registers of a thread's m64n{m_tile} fragment
+        self.frag = h.mt // 2  # fp32 registers of a thread's m64n{mt} fragment
 
     def emit(self) -> None:
         T, h, n, k = self.T, self.h, self.n, self.k

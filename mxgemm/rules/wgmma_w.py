@@ -1,8 +1,8 @@
 """GPU rule ``wgmma_w``: Hopper's wgmma fed from registers for fp16 or bf16 activations at mid M (buckets
 64, 128, 256). Not routed untuned: it runs where the tune log names it, the tuner measuring it beside
-the ``mma`` rule and decode + cuBLAS (on an H200 it wins at 64 rows on the large shapes, 1.23x cuBLAS
-on 28672×8192 where ``mma`` reaches 1.00x, and at 128 rows on most: ``benchmarks/README.md``). This
-module is the policy; the kernel and what its hints mean are :mod:`mxgemm.codegen.wgmma_w`.
+the ``mma`` rule and decode + cuBLAS (on an H200 it won 12 of 24 tasks at 64 rows, 16 of 24 at 128 and
+none at 256: ``benchmarks/results/NVIDIA_H200/tune-wgmma_w-r2-6cd8000.md``). This module is the
+policy; the kernel and what its hints mean are :mod:`mxgemm.codegen.wgmma_w`.
 """
 
 from __future__ import annotations
