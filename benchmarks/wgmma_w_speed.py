@@ -1,6 +1,5 @@
-"""The decode-fused wgmma GEMMs (:mod:`mxgemm.codegen.wgmma_w`: weights decoded into registers;
-:mod:`mxgemm.codegen.wgmma_s`: into shared memory) at mid and large M: build here, check and time on
-the GPU box.
+"""The decode-fused wgmma GEMM (:mod:`mxgemm.codegen.wgmma_w`) at mid and large M: build here, check and
+time on the GPU box.
 
     python benchmarks/wgmma_w_speed.py build DIR             # here: TVM + nvcc, no GPU
     python benchmarks/wgmma_w_speed.py measure DIR [--out F]  # there: runtime-only TVM + torch
@@ -22,18 +21,17 @@ import gpu_script  # benchmarks/, beside this script
 import torch
 
 from mxgemm import formats, reference
-from mxgemm.codegen import wgmma_s, wgmma_w
+from mxgemm.codegen import wgmma_w
 
 SHAPES = [(28672, 8192), (8192, 8192), (4096, 14336), (4096, 4096)]  # (N, K)
 MS = (64, 128, 256, 512, 1024, 4096)
 CHECK = (256, 512, 200)  # N, K, M
-VARIANTS = [  # (kernel module, hints)
-    (wgmma_w, wgmma_w.Hints(1, 4, 1, mt=64)),
-    (wgmma_w, wgmma_w.Hints(2, 3, 1, mt=128)),
-    (wgmma_s, wgmma_s.Hints(2, 128, 3)),
-    (wgmma_s, wgmma_s.Hints(1, 128, 3)),
-    (wgmma_s, wgmma_s.Hints(2, 64, 4)),
-    (wgmma_s, wgmma_s.Hints(1, 64, 4)),
+VARIANTS = [
+    wgmma_w.Hints(2, 4, 1, mt=128),
+    wgmma_w.Hints(4, 4, 1, mt=64),
+    wgmma_w.Hints(4, 4, 0, mt=64),
+    wgmma_w.Hints(1, 4, 1, mt=64),
+    wgmma_w.Hints(2, 3, 1, mt=128),
 ]
 CHECK_FORMATS = [
     ("mxfp4", "float16"),
@@ -43,9 +41,8 @@ CHECK_FORMATS = [
 ]
 
 
-def _name(mod, fmt, n, k, h, dt, bias):
-    hints = "_".join(f"{f}{v}" for f, v in h.to_dict().items())
-    return f"{mod.__name__.rsplit('.', 1)[1]}_{fmt}_n{n}_k{k}_{hints}_{dt}{'_bias' if bias else ''}"
+def _name(fmt, n, k, h, dt, bias):
+    return f"{fmt}_n{n}_k{k}_wg{h.wg}_s{h.stages}_d{h.double}_mt{h.mt}_{dt}{'_bias' if bias else ''}"
 
 
 def build(out: Path) -> None:
@@ -55,15 +52,13 @@ def build(out: Path) -> None:
     from mxgemm.codegen.wgmma import TARGET
 
     out.mkdir(parents=True, exist_ok=True)
-    jobs = [(m, f, *CHECK[:2], h, dt, True) for (m, h), (f, dt) in itertools.product(VARIANTS, CHECK_FORMATS)]
-    jobs += [
-        (m, "mxfp4", n, k, h, "float16", False) for (n, k), (m, h) in itertools.product(SHAPES, VARIANTS)
-    ]
-    for mod, fmt, n, k, h, dt, bias in jobs:
-        if mod.applies(formats.get(fmt), n, k, dt, h):
+    jobs = [(f, CHECK[0], CHECK[1], h, dt, True) for h, (f, dt) in itertools.product(VARIANTS, CHECK_FORMATS)]
+    jobs += [("mxfp4", n, k, h, "float16", False) for (n, k), h in itertools.product(SHAPES, VARIANTS)]
+    for fmt, n, k, h, dt, bias in jobs:
+        if wgmma_w.applies(formats.get(fmt), n, k, dt, h):
             continue
-        name = _name(mod, fmt, n, k, h, dt, bias)
-        f = mod.kernel(formats.get(fmt), n=n, k=k, out_dtype=dt, bias=bias, a_dtype=dt, hints=h)
+        name = _name(fmt, n, k, h, dt, bias)
+        f = wgmma_w.kernel(formats.get(fmt), n=n, k=k, out_dtype=dt, bias=bias, a_dtype=dt, hints=h)
         t = time.time()
         kbuild.compile_export(tvm.IRModule({"main": f}), TARGET, out / f"{name}.so")
         print(f"built {name} in {time.time() - t:.1f} s", flush=True)
@@ -103,8 +98,8 @@ def time_shape(d: Path, n: int, k: int, m: int, dev: str) -> list[dict]:
     y = torch.empty(m, n, dtype=torch.float16, device=dev)
     t_cublas = gpu_script.median_us(lambda i: torch.mm(xs[i % copies], w16[i % copies].T, out=y))
     rows = []
-    for mod, h in VARIANTS:
-        path = d / f"{_name(mod, 'mxfp4', n, k, h, 'float16', False)}.so"
+    for h in VARIANTS:
+        path = d / f"{_name('mxfp4', n, k, h, 'float16', False)}.so"
         if not path.exists():
             continue
         func = gpu_script.load(path)
@@ -114,15 +109,7 @@ def time_shape(d: Path, n: int, k: int, m: int, dev: str) -> list[dict]:
             func(xs[i % copies], q.blocks, q.scales, y)
 
         t = gpu_script.median_us(run)
-        row = {
-            "n": n,
-            "k": k,
-            "m": m,
-            "kernel": mod.__name__,
-            "hints": h.to_dict(),
-            "us": t,
-            "cublas_fp16_us": t_cublas,
-        }
+        row = {"n": n, "k": k, "m": m, "hints": h.to_dict(), "us": t, "cublas_fp16_us": t_cublas}
         rows.append({**row, "vs_cublas": t_cublas / t, "tflops": 2 * m * n * k / t / 1e6})
         print(json.dumps(rows[-1]), flush=True)
     return rows
@@ -131,12 +118,12 @@ def time_shape(d: Path, n: int, k: int, m: int, dev: str) -> list[dict]:
 def measure(d: Path, out: Path | None) -> None:
     dev = "cuda"
     rows = []
-    for (mod, h), (fmt, dt) in itertools.product(VARIANTS, CHECK_FORMATS):
-        path = d / f"{_name(mod, fmt, CHECK[0], CHECK[1], h, dt, True)}.so"
+    for h, (fmt, dt) in itertools.product(VARIANTS, CHECK_FORMATS):
+        path = d / f"{_name(fmt, CHECK[0], CHECK[1], h, dt, True)}.so"
         if path.exists():
             for spread in (False, True):
                 r = check(gpu_script.load(path), fmt, CHECK[0], CHECK[1], CHECK[2], dt, dev, spread)
-                row = {"kind": "check", "fmt": fmt, "dtype": dt, "kernel": mod.__name__, "hints": h.to_dict()}
+                row = {"kind": "check", "fmt": fmt, "dtype": dt, "hints": h.to_dict()}
                 rows.append({**row, "unfolded": spread, **r})
                 print(json.dumps(rows[-1]), flush=True)
     for (n, k), m in itertools.product(SHAPES, MS):
