@@ -142,10 +142,12 @@ def run(
     out_dir: str | Path = "benchmarks/results",
     emulated: bool = True,
     compare_default: bool = False,
+    peers: bool = False,
 ) -> dict[str, Any]:
     """Measure everything; write JSON + markdown (+ PNG if matplotlib is there); return the results.
     ``compare_default`` adds ``mxgemm_default`` rows: the same kernels with the rules' default hints
-    instead of the tune logs' (the tuned-vs-default gain)."""
+    instead of the tune logs' (the tuned-vs-default gain). ``peers`` adds the peers' rows
+    (:func:`_peer_layers`: torch's int4 tinygemm in bf16 runs, GemLite's MX layers where installed)."""
     import mxgemm
 
     dev = torch.device("cuda")
@@ -158,6 +160,7 @@ def run(
         w = (torch.randn(n, k, generator=g) * 0.02).to(dev)
         dense = {dt: w.to(dt) for dt in (torch.float16, torch.bfloat16)}
         qs = {f: mxgemm.quantize(w, f) for f in fmts}
+        others = _peer_layers(dense[adt], fmts, _copies(n * k // 2)) if peers else {}
         for m in ms:
             x = {dt: torch.randn(m, k, device=dev).to(dt) for dt in (torch.float16, torch.bfloat16)}
 
@@ -200,13 +203,24 @@ def run(
                         for qi in cps[:2] * 2
                     ]
                     add("emulated", f, _time_graph(calls), nbytes)
+            for (method, label, nbytes), layers in others.items():
+                calls = [(lambda layer=layer, xi=x[adt]: layer(xi)) for layer in layers]
+                add(method, label, _time_graph(_cycle(calls)), nbytes)
             print(_progress_line(rows, n, k, m), flush=True)
             del x
-        del dense, qs, w
+        del dense, qs, w, others
         torch.cuda.empty_cache()
         partial.parent.mkdir(parents=True, exist_ok=True)
         partial.write_text(json.dumps({"copy_tbs": copy_tbs, "rows": rows}))
-    same = "cublas_fp16" if a_dtype == "float16" else "cublas_bf16"  # cuBLAS of the activations' dtype
+    return _write(rows, a_dtype, copy_tbs, out_dir)
+
+
+def _write(rows: list[dict[str, Any]], a_dtype: str, copy_tbs: float, out_dir: str | Path) -> dict[str, Any]:
+    """The run's result (each row's speedup over cuBLAS of the activations' dtype), written as JSON,
+    markdown and (with matplotlib) a plot under ``out_dir/<gpu>/``."""
+    import mxgemm
+
+    same = "cublas_fp16" if a_dtype == "float16" else "cublas_bf16"
     base = {(r["n"], r["k"], r["m"]): r["us"] for r in rows if r["method"] == same}
     for r in rows:
         r["vs_cublas"] = base[(r["n"], r["k"], r["m"])] / r["us"]
@@ -230,6 +244,42 @@ def run(
         print("matplotlib missing: no plot (python -m mxgemm.bench --plot bench.json on another machine)")
     print(markdown(result))
     return result
+
+
+def _peer_layers(w: torch.Tensor, fmts, copies: int) -> dict[tuple[str, str, int], list]:
+    """The peers of a ``[n, k]`` fp16/bf16 weight ``w``, each as ``copies`` layers (rotated past L2 like
+    the others), keyed (method, format label, weight bytes): torch's int4 tinygemm (group 32, bf16
+    only: what torchao's int4 weight-only runs) and, where ``gemlite`` is installed (the ``peers``
+    extra), GemLite's MX layer of each format that has one (mxfp4, mxfp8_e4m3). A peer that fails to
+    build here is reported and left out."""
+    from torch import nn
+
+    from mxgemm import bench_stack, formats
+
+    n, k = w.shape
+    lin = nn.Linear(k, n, bias=False, device=w.device, dtype=w.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+    out: dict[tuple[str, str, int], list] = {}
+    if w.dtype == torch.bfloat16:
+        try:
+            out["tinygemm_int4", "int4 g32", n * k // 2 + n * k // 32 * 4] = [
+                bench_stack._Tinygemm(lin) for _ in range(copies)
+            ]
+        except (RuntimeError, NotImplementedError) as e:
+            print(f"tinygemm skipped: {e}")
+    for f in fmts:
+        if f not in bench_stack.GEMLITE:
+            continue
+        try:
+            layers = bench_stack._gemlite([lin] * copies, f)
+        except Exception as e:  # noqa: BLE001 (a peer that fails here is reported, not fatal)
+            print(f"gemlite {f} skipped: {type(e).__name__}: {str(e).strip()[-300:]}")
+            continue
+        if layers is not None:
+            nbytes = n * k * formats.get(f).bits // 8 + n * k // 32
+            out["gemlite", bench_stack.GEMLITE[f], nbytes] = layers
+    return out
 
 
 def _decoded_calls(qs: list, x: torch.Tensor) -> list:
@@ -281,14 +331,22 @@ def _ratio(row: dict[str, Any]) -> float:
     return row["vs_cublas"] if "vs_cublas" in row else row["vs_cublas_fp16"]
 
 
+def read_roofline(rows: list[dict[str, Any]]) -> float:
+    """The run's read roofline (TB/s): the best weight bytes per second of a cuBLAS row (cuBLAS at M=1
+    streams its weights faster than the device-to-device copy's figure, which flatters)."""
+    return max(r["weight_tbs"] for r in rows if r["method"].startswith("cublas"))
+
+
 def markdown(result: dict[str, Any]) -> str:
-    """One table per shape: µs and speedup vs cuBLAS of the activations' dtype per M, and M=1
-    weight-stream % of copy bandwidth."""
+    """One table per shape: µs and speedup vs cuBLAS of the activations' dtype per M, and the M=1
+    weight stream as % of copy bandwidth and of the read roofline (:func:`read_roofline`)."""
     rows = result["rows"]
+    roof = read_roofline(rows)
     lines = [
         f"# mxgemm bench — {result['gpu']}, {result['date']}, commit {result['commit']}",
         "",
-        f"a_dtype {result['a_dtype']}; d2d copy {result['copy_tbs']:.2f} TB/s (read+write); "
+        f"a_dtype {result['a_dtype']}; d2d copy {result['copy_tbs']:.2f} TB/s (read+write); read roofline "
+        f"{roof:.2f} TB/s (cuBLAS's best weight bytes per second in this run); "
         f"cells: µs (x speedup vs cuBLAS {result['a_dtype']}); mxgemm_decode: decode + cuBLAS; L2 defeated "
         "by rotating weight copies; CUDA-graph medians.",
         "",
@@ -302,11 +360,11 @@ def markdown(result: dict[str, Any]) -> str:
         lines += [
             f"## N={n}, K={k}",
             "",
-            "| method | " + " | ".join(f"M={m}" for m in ms) + " | M=1 % copy BW |",
-            "|---|" + "---|" * (len(ms) + 1),
+            "| method | " + " | ".join(f"M={m}" for m in ms) + " | M=1 % copy BW | M=1 % read roofline |",
+            "|---|" + "---|" * (len(ms) + 2),
         ]
         for meth, fmt in methods:
-            cells, pct = [], ""
+            cells, pct, pct_roof = [], "", ""
             for m in ms:
                 r = next(
                     (
@@ -318,8 +376,8 @@ def markdown(result: dict[str, Any]) -> str:
                 )
                 cells.append("–" if r is None else f"{r['us']:.1f} ({_ratio(r):.2f}x)")
                 if r is not None and m == 1:
-                    pct = f"{r['pct_copy']:.0f}%"
-            lines.append(f"| {meth} {fmt} | " + " | ".join(cells) + f" | {pct} |")
+                    pct, pct_roof = f"{r['pct_copy']:.0f}%", f"{100 * r['weight_tbs'] / roof:.0f}%"
+            lines.append(f"| {meth} {fmt} | " + " | ".join(cells) + f" | {pct} | {pct_roof} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -188,6 +188,7 @@ def _bench(args: argparse.Namespace) -> int:
         args.out,
         emulated=not args.no_emulated,
         compare_default=args.compare_default,
+        peers=args.peers,
     )
     return 0
 
@@ -415,6 +416,12 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "--compare-default",
         action="store_true",
         help="also time the kernels with the rules' default hints (mxgemm_default rows): the tuning gain",
+    )
+    b.add_argument(
+        "--peers",
+        action="store_true",
+        help="also time the peers in the same run: torch's int4 tinygemm (group 32; bf16 runs) and, where "
+        "installed (pip install 'mxgemm[peers]'), GemLite's A16W4_MXFP / A16W8_MXFP layers",
     )
     b.add_argument(
         "--stack",
