@@ -30,6 +30,7 @@ L2_DEFEAT_BYTES = 256 << 20  # rotate weight copies until this many bytes are in
 CALLS = 20  # launches per graph
 DECODE_ROWS_FROM = 32  # from this M, also time decode + cuBLAS (mxgemm_decode) wherever a fused kernel runs
 REPLAYS = 7
+PEERS = ("tinygemm_int4", "gemlite")  # methods of the peers' rows (--peers)
 
 
 def build_specs(shapes, ms, fmts, a_dtype: str, arch: str) -> list[dict[str, Any]]:
@@ -393,7 +394,8 @@ def speedup_axes(ax: Any, n: int, k: int) -> None:
 
 def plot(result: dict[str, Any], path: Path) -> None:
     """Speedup vs cuBLAS (of the activations' dtype) over M, one panel per shape, one line per mxgemm
-    format, with the memory roofline of each format (the bytes ratio) where the GEMM is memory-bound."""
+    format (dashed: the peers'), with the memory roofline of each format (the bytes ratio) where the
+    GEMM is memory-bound."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -404,14 +406,15 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 3.8), squeeze=False)
     for ax, (n, k) in zip(axes[0], shapes, strict=True):
         for meth, fmt in sorted(
-            {(r["method"], r["fmt"]) for r in rows if r["method"] in ("mxgemm", "cublas_bf16")}
+            {(r["method"], r["fmt"]) for r in rows if r["method"] in ("mxgemm", "cublas_bf16", *PEERS)}
         ):
             pts = sorted(
                 (r["m"], _ratio(r))
                 for r in rows
                 if (r["n"], r["k"], r["method"], r["fmt"]) == (n, k, meth, fmt)
             )
-            line = ax.plot(*zip(*pts, strict=True), marker="o", ms=3, label=f"{meth} {fmt}")[0]
+            ls = "--" if meth in PEERS else "-"
+            line = ax.plot(*zip(*pts, strict=True), marker="o", ms=3, ls=ls, label=f"{meth} {fmt}")[0]
             if meth == "mxgemm":
                 r0 = next(r for r in rows if (r["n"], r["k"], r["method"], r["fmt"]) == (n, k, meth, fmt))
                 ax.axhline(n * k * 2 / r0["weight_bytes"], color=line.get_color(), ls=":", lw=0.8)

@@ -53,11 +53,15 @@ def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
 
 # ---- on a Hopper GPU (kernels built where TVM can build them) -----------------------------------------
 
-GPU_FORMATS = [("mxfp4", "float16"), ("mxfp4", "bfloat16"), ("mxfp8_e4m3", "float16"), ("mxint8", "bfloat16")]
+# every format the rule serves (one plane of 4 or 8 bits), fp16 and bf16
+GPU_FORMATS = [
+    (f, dt)
+    for f in ("mxfp4", "mxfp8_e4m3", "mxfp8_e5m2", "mxint8", "bfp4", "bfp8")
+    for dt in ("float16", "bfloat16")
+]
 GPU_TILES = [(wgmma_w.Hints(), 200), (wgmma_w.Hints(1, 4, 1, mt=64), 37)]  # (hints, M)
 # the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu
 PREBUILD = [(f, 256, 512, dt, True, h) for f, dt in GPU_FORMATS for h, _ in GPU_TILES]
-PREBUILD += [("mxfp4", 128, 512, "float16", False, wgmma_w.Hints())]
 # test_gpu_linear_runs_the_records_kernel's: its record's layer, n, k, bucket and hints
 LINEAR = ("mxfp4", 512, 1024, 128, wgmma_w.Hints(2, 4, 1, mt=64))
 hopper = pytest.mark.skipif(
@@ -109,15 +113,19 @@ def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m, unfolded):
 
 @pytest.mark.gpu
 @hopper
-def test_gpu_one_hot_rows_are_bit_exact():
-    """Activation row i is one 1 at column c_i: output (i, n) is the weight W[n, c_i] itself."""
-    fmt, n, k, m = "mxfp4", 128, 512, 128
+@pytest.mark.parametrize(("fmt", "dtype"), GPU_FORMATS)
+def test_gpu_one_hot_rows_are_bit_exact(fmt, dtype):
+    """Activation row i is one 1 at column c_i: output (i, n) is the weight W[n, c_i] itself (rounded
+    to the activations' dtype; the bias is zero)."""
+    n, k, m = 256, 512, 64
+    torch.manual_seed(2)
     q = reference.quantize(torch.randn(n, k, device="cuda"), fmt)
-    cols = torch.arange(m) * 3 % k
-    x = torch.zeros(m, k, dtype=torch.float16, device="cuda")
+    cols = torch.arange(m) * 7 % k
+    dt = getattr(torch, dtype)
+    x = torch.zeros(m, k, dtype=dt, device="cuda")
     x[torch.arange(m), cols] = 1.0
-    y = _run(fmt, x, q, "float16", wgmma_w.Hints()).cpu()
-    want = _dequant(q, fmt)[:, cols].T.to(torch.float16)
+    y = _run(fmt, x, q, dtype, GPU_TILES[1][0], torch.zeros(n, dtype=dt, device="cuda")).cpu()
+    want = _dequant(q, fmt)[:, cols].T.to(dt)
     assert torch.equal(y, want), np.abs((y.double() - want.double()).numpy()).max()
 
 
