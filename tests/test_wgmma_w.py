@@ -1,4 +1,4 @@
-"""The decode-fused wgmma GEMM prototype (mxgemm.codegen.wgmma_w).
+"""The decode-fused wgmma GEMM (mxgemm.codegen.wgmma_w) and its rule (mxgemm.rules.wgmma_w).
 
 CPU: hint and shape checks, and (nvcc) that ptxas keeps its wgmmas asynchronous and spills nothing.
 GPU (Hopper): against a float64 product of the oracle's dequantized weights (ml_dtypes), folded and
@@ -41,7 +41,6 @@ def test_applies_names_the_problem():
 def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
     import tvm
 
-    from mxgemm.codegen import build as builder
     from mxgemm.codegen.wgmma import TARGET
 
     ab = {"float16": "f16", "bfloat16": "bf16"}[dtype]
