@@ -3,9 +3,9 @@ and router, which `mxgemm.ops.plan`, `mxgemm.build` and `mxgemm tune` all query.
 
 :data:`RULES` names every rule and :func:`get` returns one. :func:`route` gives the rules that serve a
 spec, in the order they are tried; :func:`rule_for` the tunable one among them (what `mxgemm tune`
-tunes); :func:`rivals` the rules the router does not pick untuned, which the tuner measures beside
-it; :func:`schedule` makes the kernel, given a tune record's hints first (typed by the rule the
-record names, never guessed from field names).
+tunes); :func:`rivals` the rules that serve it but that the router does not try untuned, which the
+tuner measures beside it; :func:`schedule` makes the kernel, given a tune record's hints first
+(typed by the rule the record names, never guessed from field names).
 """
 
 from __future__ import annotations
@@ -66,10 +66,12 @@ def route(spec: Any) -> list[Rule]:
 
 
 def rivals(spec: Any) -> list[Rule]:
-    """The rules that serve ``spec`` only where a tune record names them (``routed`` False, e.g.
-    ``wgmma_w``), in :data:`RULES` order: the tuner measures their candidates beside
-    :func:`rule_for`'s."""
-    return [r for r in map(get, TUNABLE) if not r.routed and r.applies(spec)]
+    """The tunable rules that serve ``spec`` but that the router does not try untuned (``routed``
+    False, e.g. ``wgmma_w``, or left out by its policy: ``mma`` for 8-bit codes at M=1), in
+    :data:`TUNABLE` order: the tuner measures their candidates beside :func:`rule_for`'s, so a record
+    names whichever measured fastest."""
+    tried = route(spec)
+    return [r for r in map(get, TUNABLE) if r not in tried and r.applies(spec)]
 
 
 def rule_for(spec: Any) -> Rule | None:
