@@ -113,8 +113,8 @@ def candidates(task: Task, budget: int) -> list[tuple[str, dict[str, Any]]]:
     the task (a re-tune is measured against what it would replace, in the same run) and, for bf16, of
     the fp16 record, their twins (:meth:`~mxgemm.rules.base.Rule.twins`: the same kernels with a new
     option on), then up to ``budget`` in all with other hints that fit the shape, cheapest first by
-    its cost model; then as many of each rule the router does not pick untuned
-    (:func:`mxgemm.rules.rivals`), chosen alike (deterministic)."""
+    its cost model; then as many of each rule that serves the task but that the router does not try
+    untuned (:func:`mxgemm.rules.rivals`), chosen alike (deterministic)."""
     from mxgemm import rules
 
     spec = task.spec()

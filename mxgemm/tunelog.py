@@ -164,13 +164,14 @@ def merge(
 ) -> list[Record]:
     """Add ``records`` to the log at ``path`` (atomic, under a file lock); per key the fastest current
     record (:func:`rule_versions` of the build ``versions``) wins, and records of other versions give
-    way to current ones. ``replace``: the log's records of the keys ``records`` hold go first (a
-    re-tune, measured in one run against the hints it replaces, on another card or day than theirs)."""
+    way to current ones. ``replace``: the log's records of the keys that current ``records`` hold go
+    first (a re-tune, measured in one run against the hints it replaces, on another card or day than
+    theirs)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock"):
         best: dict[tuple, Record] = {}
-        renewed = {r.key() for r in records} if replace else set()
+        renewed = {r.key() for r in records if _is_current(r, versions)} if replace else set()
         for r in [*(r for r in read(path) if r.key() not in renewed), *records]:
             old = best.get(r.key())
             current = _is_current(r, versions)

@@ -34,6 +34,8 @@ def test_a_replacing_merge_renews_its_keys_even_if_slower(tmp_path):
     tunelog.merge(p, [rec(10.0, rows=2), rec(30.0, n=8192)], V1)
     merged = tunelog.merge(p, [rec(14.0, rows=4), rec(12.0, rows=8)], V1, replace=True)
     assert [(r.n, r.us, r.config) for r in merged] == [(4096, 12.0, {"rows": 8}), (8192, 30.0, {})]
+    stale = tunelog.merge(p, [rec(5.0, versions=V2, n=8192, rows=1)], V1, replace=True)  # another source's
+    assert [(r.n, r.us) for r in stale] == [(4096, 12.0), (8192, 30.0)]  # does not replace a current one
 
 
 def test_current_versions_replace_old_ones_even_if_slower(tmp_path):
