@@ -255,7 +255,7 @@ def _peer_layers(w: torch.Tensor, fmts, copies: int) -> dict[tuple[str, str, int
     build here is reported and left out."""
     from torch import nn
 
-    from mxgemm import bench_stack, formats
+    from mxgemm import formats, peers
 
     n, k = w.shape
     lin = nn.Linear(k, n, bias=False, device=w.device, dtype=w.dtype)
@@ -265,21 +265,21 @@ def _peer_layers(w: torch.Tensor, fmts, copies: int) -> dict[tuple[str, str, int
     if w.dtype == torch.bfloat16:
         try:
             out["tinygemm_int4", "int4 g32", n * k // 2 + n * k // 32 * 4] = [
-                bench_stack._Tinygemm(lin) for _ in range(copies)
+                peers.Tinygemm(lin) for _ in range(copies)
             ]
         except (RuntimeError, NotImplementedError) as e:
             print(f"tinygemm skipped: {e}")
     for f in fmts:
-        if f not in bench_stack.GEMLITE:
+        if f not in peers.GEMLITE:
             continue
         try:
-            layers = bench_stack._gemlite([lin] * copies, f)
+            layers = peers.gemlite([lin] * copies, f)
         except Exception as e:  # noqa: BLE001 (a peer that fails here is reported, not fatal)
             print(f"gemlite {f} skipped: {type(e).__name__}: {str(e).strip()[-300:]}")
             continue
         if layers is not None:
             nbytes = n * k * formats.get(f).bits // 8 + n * k // 32
-            out["gemlite", bench_stack.GEMLITE[f], nbytes] = layers
+            out["gemlite", peers.GEMLITE[f], nbytes] = layers
     return out
 
 

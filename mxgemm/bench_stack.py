@@ -81,45 +81,6 @@ def _time(step, graph: bool) -> float:
     return statistics.median(times)
 
 
-class _Tinygemm(nn.Module):
-    """torch's int4 tinygemm layer (bf16, group 32): the kernel torchao's int4 weight-only uses."""
-
-    def __init__(self, lin: nn.Linear, group: int = 32):
-        super().__init__()
-        w = lin.weight.detach().float()
-        n, k = w.shape
-        g = w.reshape(n, k // group, group)
-        lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
-        scale = ((hi - lo) / 15).clamp_min(1e-8)
-        q = ((g - lo) / scale).round().clamp(0, 15).to(torch.uint8).reshape(n, k)
-        zero = lo + 8 * scale  # w = (q - 8) * scale + zero
-        packed = (q[:, ::2] << 4 | q[:, 1::2]).contiguous()
-        self.w = torch._convert_weight_to_int4pack(packed, 8)
-        sz = torch.stack([scale.reshape(n, -1), zero.reshape(n, -1)], -1).transpose(0, 1)
-        self.sz = sz.contiguous().to(torch.bfloat16)
-        self.group = group
-
-    def forward(self, x):
-        return torch._weight_int4pack_mm(x, self.w, self.group, self.sz)
-
-
-GEMLITE = {"mxfp4": "A16W4_MXFP", "mxfp8_e4m3": "A16W8_MXFP"}  # GemLite 0.6's layer per format
-
-
-def _gemlite(dense: list[nn.Linear], fmt: str) -> list[nn.Module] | None:
-    """GemLite's MX layers for ``dense`` (fp16/bf16 ``nn.Linear``), None where gemlite is not
-    installed or has no layer of ``fmt``."""
-    try:
-        from gemlite import helper
-    except ImportError:
-        return None
-    if fmt not in GEMLITE:
-        return None
-    w = dense[0].weight
-    make = getattr(helper, GEMLITE[fmt])(device=str(w.device), dtype=w.dtype)
-    return [make.from_linear(lin, del_orig=False) for lin in dense]
-
-
 def host_cost(fmt: str = "mxfp4", n: int = 1024, k: int = 4096, calls: int = 200) -> dict[str, float]:
     """Wall µs per call of ``calls`` back-to-back eager calls at M=1 on an ``[n, k]`` layer (small
     enough that the GPU keeps up, so this is the host path): nn.Linear, `mxgemm.linear`, MxLinear."""
@@ -184,6 +145,7 @@ def _compiled(layers: list[nn.Module], xs: list[torch.Tensor]):
 def run(fmt: str = "mxfp4", ms=MS, dtypes=DTYPES, out_dir: str | Path = "benchmarks/results") -> dict:
     """Measure the stack: nn.Linear, MxLinear (and peers) × eager/graph × dtype × M; write results."""
     import mxgemm
+    from mxgemm import peers
     from mxgemm.bench import _commit
 
     dev = torch.device("cuda")
@@ -199,11 +161,11 @@ def run(fmt: str = "mxfp4", ms=MS, dtypes=DTYPES, out_dir: str | Path = "benchma
         stacks["mxgemm"] = [mxgemm.MxLinear.from_linear(lin, fmt, a_dtype=dt) for lin in dense]
         if dt == torch.bfloat16:
             try:
-                stacks["tinygemm_int4"] = [_Tinygemm(lin) for lin in dense]
+                stacks["tinygemm_int4"] = [peers.Tinygemm(lin) for lin in dense]
             except (RuntimeError, NotImplementedError) as e:
                 print(f"tinygemm skipped: {e}")
         try:
-            peer = _gemlite(dense, fmt)
+            peer = peers.gemlite(dense, fmt)
         except Exception as e:  # noqa: BLE001 (a peer that fails here is reported, not fatal)
             peer = None
             print(f"gemlite skipped: {type(e).__name__}: {str(e).strip()[-300:]}")
