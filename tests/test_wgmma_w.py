@@ -28,17 +28,41 @@ def test_applies_names_the_problem():
     assert "K=384 is not a multiple of 256" in wgmma_w.applies(fp4, 256, 384, "float16")
     assert "exceed" in wgmma_w.applies(fp4, 256, 512, "float16", wgmma_w.Hints(2, 6, 1))
     assert "spill" in wgmma_w.applies(fp4, 768, 512, "float16", wgmma_w.Hints(3, 4, 1, mt=128))
-    for bad in (dict(wg=5), dict(mt=256), dict(stages=2)):
+    split = wgmma_w.Hints(1, 4, 1, mt=64, splits=4)
+    assert "K=1536 is not a multiple of 4 ranges of 256" in wgmma_w.applies(fp4, 256, 1536, "float16", split)
+    assert wgmma_w.applies(fp4, 256, 2048, "float16", split) is None
+    for bad in (dict(wg=5), dict(mt=256), dict(stages=2), dict(splits=3)):
         with pytest.raises(ValueError, match="wg 1..4"):
             wgmma_w.Hints(**bad)
+
+
+def test_split_k_runs_only_where_the_grid_is_short():
+    """The rule splits K for grids short of the SMs (4096 rows at M=64: 64 one-warpgroup blocks on
+    132 SMs, 2 an SM), never where the unsplit grid fills them (28672 rows: 448 such blocks)."""
+    rule = rules.get("wgmma_w")
+
+    def spec(n, k, bucket):
+        sm90 = targets.cuda("sm_90")
+        return builder.KernelSpec("mxfp4", n, k, bucket, "float16", "float16", False, 32, sm90)
+
+    short = spec(4096, 4096, 64)
+    assert {h.splits for h in rule.candidates(short)} == {1, 2, 4, 8}
+    assert rule.default_hints(short).splits > 1
+    assert {h.splits for h in rule.candidates(spec(28672, 8192, 64)) if h.wg == 1} == {1}
+    assert rule.default_hints(spec(28672, 8192, 64)).splits == 1
 
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize(
     ("fmt", "dtype", "hints"),
-    [("mxfp4", "float16", wgmma_w.Hints()), ("mxfp8_e4m3", "bfloat16", wgmma_w.Hints(1, 4, 1, mt=64))],
+    [
+        ("mxfp4", "float16", wgmma_w.Hints()),
+        ("mxfp8_e4m3", "bfloat16", wgmma_w.Hints(1, 4, 1, mt=64)),
+        ("mxfp4", "bfloat16", wgmma_w.Hints(1, 4, 1, mt=64, splits=2)),
+    ],
 )
 def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
+    """Also: a split K is two kernels, the second adding the splits' partial sums in split order."""
     import tvm
 
     from mxgemm.codegen.wgmma import TARGET
@@ -47,6 +71,8 @@ def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
     f = wgmma_w.kernel(formats.get(fmt), n=512, k=512, out_dtype=dtype, bias=True, a_dtype=dtype, hints=hints)
     src = builder.compile_export(tvm.IRModule({"main": f}), TARGET, tmp_path / "k.so")["source"]
     assert f"wgmma.mma_async.sync.aligned.m64n{hints.mt}k16.f32.{ab}.{ab}" in src
+    assert src.count("__global__") == (4 if hints.splits > 1 else 2)  # declarations and definitions
+    assert ("blockIdx.z" in src) == (hints.splits > 1)
     ptxas.assert_wgmmas_async_no_spills(src, tmp_path)
 
 
@@ -58,11 +84,12 @@ GPU_FORMATS = [
     for f in ("mxfp4", "mxfp8_e4m3", "mxfp8_e5m2", "mxint8", "bfp4", "bfp8")
     for dt in ("float16", "bfloat16")
 ]
-GPU_TILES = [(wgmma_w.Hints(), 200), (wgmma_w.Hints(1, 4, 1, mt=64), 37)]  # (hints, M)
+SPLIT = wgmma_w.Hints(1, 4, 1, mt=64, splits=2)
+GPU_TILES = [(wgmma_w.Hints(), 200), (wgmma_w.Hints(1, 4, 1, mt=64), 37), (SPLIT, 77)]  # (hints, M)
 # the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu
 PREBUILD = [(f, 256, 512, dt, True, h) for f, dt in GPU_FORMATS for h, _ in GPU_TILES]
 # test_gpu_linear_runs_the_records_kernel's: its record's layer, n, k, bucket and hints
-LINEAR = ("mxfp4", 512, 1024, 128, wgmma_w.Hints(2, 4, 1, mt=64))
+LINEAR = ("mxfp4", 512, 1024, 128, wgmma_w.Hints(2, 4, 1, mt=64, splits=2))
 hopper = pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
     reason="needs a Hopper GPU",
@@ -113,9 +140,10 @@ def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m, unfolded):
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize(("fmt", "dtype"), GPU_FORMATS)
-def test_gpu_one_hot_rows_are_bit_exact(fmt, dtype):
+@pytest.mark.parametrize("hints", [GPU_TILES[1][0], SPLIT])
+def test_gpu_one_hot_rows_are_bit_exact(fmt, dtype, hints):
     """Activation row i is one 1 at column c_i: output (i, n) is the weight W[n, c_i] itself (rounded
-    to the activations' dtype; the bias is zero)."""
+    to the activations' dtype; the bias is zero); split K: the other splits add exact zeros."""
     n, k, m = 256, 512, 64
     torch.manual_seed(2)
     q = reference.quantize(torch.randn(n, k, device="cuda"), fmt)
@@ -123,7 +151,7 @@ def test_gpu_one_hot_rows_are_bit_exact(fmt, dtype):
     dt = getattr(torch, dtype)
     x = torch.zeros(m, k, dtype=dt, device="cuda")
     x[torch.arange(m), cols] = 1.0
-    y = _run(fmt, x, q, dtype, GPU_TILES[1][0], torch.zeros(n, dtype=dt, device="cuda")).cpu()
+    y = _run(fmt, x, q, dtype, hints, torch.zeros(n, dtype=dt, device="cuda")).cpu()
     want = _dequant(q, fmt)[:, cols].T.to(dt)
     assert torch.equal(y, want), np.abs((y.double() - want.double()).numpy()).max()
 
@@ -172,8 +200,9 @@ def test_a_records_kernel_is_built_for_sm_90a(tmp_path, monkeypatch):
 @hopper
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_gpu_linear_runs_the_records_kernel(tmp_path, monkeypatch, dtype):
-    """``mxgemm.linear`` at 100 rows with a ``wgmma_w`` record: the record's kernel, against the
-    oracle's float64 product, and one-hot rows bit for bit."""
+    """``mxgemm.linear`` at 100 rows with a ``wgmma_w`` record (split K: its workspace comes from TVM's
+    pool): the record's kernel, against the oracle's float64 product, one-hot rows bit for bit, and
+    a CUDA graph's replay equal to the eager call."""
     (fmt, n, k, bucket, hints), m = LINEAR, 100
     _record(tmp_path, monkeypatch, fmt, n, k, bucket, hints)
     dt = getattr(torch, dtype)
@@ -191,3 +220,11 @@ def test_gpu_linear_runs_the_records_kernel(tmp_path, monkeypatch, dtype):
     onehot = torch.zeros(m, k, dtype=dt, device="cuda")
     onehot[torch.arange(m), cols] = 1.0
     assert torch.equal(mxgemm.linear(onehot, w).cpu(), wd[:, cols].T.to(dt))
+    eager = mxgemm.linear(x, w)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mxgemm.linear(x, w)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)

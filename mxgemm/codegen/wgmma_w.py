@@ -24,10 +24,16 @@ Block: ``wg`` warpgroups (64 weight rows each) × ``mt`` activation rows, over K
 8 rows hit distinct banks) and the scale codes (4 bytes a row). Each iteration decodes the slot's 4
 steps into 32 fragment registers, issues its 8 wgmmas and waits for them; with ``Hints.double`` two
 sets of fragments alternate, the next slot decoded while this one's wgmmas run (``wait_group 1``).
+
+Split K (``Hints.splits`` > 1, for grids short of the SMs): grid z takes a K range each and writes its
+fp32 partial sums, already brought to scale, into a workspace ``[splits, m, n]``; a second kernel
+adds them in split order (deterministic) with the bias and writes Y. Every split scans its rows'
+whole scale codes, so all agree on the fold.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from dataclasses import asdict, dataclass
@@ -54,23 +60,28 @@ STEP = 32  # K per scale block: two k16 wgmmas
 BK = 128  # K per ring slot
 WIDTHS = (4, 8)  # code widths with one bit plane
 M_TILES = (64, 128)  # activation rows a block (256: the unfolded path's fragment would spill)
+SPLITS = (1, 2, 4, 8)  # K ranges (grid z)
 
 
 @dataclass(frozen=True)
 class Hints:
     """wg: warpgroups per block (1..4), 64 weight rows each; stages: ring slots (3..6); double: 1 to
     decode the next slot while this one's wgmmas run (two fragment sets); mt: activation rows a
-    block (the wgmmas' N: 64 or 128; the grid tiles any M)."""
+    block (the wgmmas' N: 64 or 128; the grid tiles any M); splits: K ranges run by separate blocks
+    (1, 2, 4, 8), their partial sums added by a second kernel."""
 
     wg: int = 2
     stages: int = 4
     double: int = 1
     mt: int = 128
+    splits: int = 1
 
     def __post_init__(self) -> None:
         ok = self.wg in (1, 2, 3, 4) and 3 <= self.stages <= 6 and self.double in (0, 1)
-        if not ok or self.mt not in M_TILES:
-            raise ValueError(f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 64|128")
+        if not ok or self.mt not in M_TILES or self.splits not in SPLITS:
+            raise ValueError(
+                f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 64|128, splits 1|2|4|8"
+            )
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -90,8 +101,9 @@ def applies(fmt: formats.Format, n: int, k: int, a_dtype: str, h: Hints = Hints(
         return f"{fmt.name} pairs in {a_dtype} take no folded scale"
     if n % (64 * h.wg):
         return f"N={n} is not a multiple of {64 * h.wg}"
-    if k % (2 * BK if h.double else BK):
-        return f"K={k} is not a multiple of {2 * BK if h.double else BK}"
+    if k % (h.splits * (2 * BK if h.double else BK)):
+        per = f"{h.splits} ranges of " if h.splits > 1 else ""
+        return f"K={k} is not a multiple of {per}{2 * BK if h.double else BK}"
     if h.wg * h.mt > 256:  # ptxas: 128-row fragments need ~230 registers a thread, 170 at most at 384 threads
         return f"{h.wg} warpgroups with an M tile of {h.mt} spill registers (2 at most)"
     if h.stages * h.slot_bytes(fmt.bits)[2] > SMEM_MAX:
@@ -143,7 +155,7 @@ class _Kernel:
         self.fold = pairs.fold(fmt, a_dtype)
         self.fma = pairs.bf16_fma(fmt, a_dtype)
         self.codes_off, self.scales_off, self.slot = h.slot_bytes(fmt.bits)
-        self.iters = k // BK
+        self.iters = k // BK // h.splits  # a block's
         self.ahead = h.stages - 2 if h.double else h.stages - 1
         self.frag = h.mt // 2  # fp32 registers of a thread's m64n{mt} fragment
 
@@ -157,13 +169,18 @@ class _Kernel:
         self.Bias = T.match_buffer(bias_h, (n,), self.out_dtype) if self.bias else None
         self.Y = T.match_buffer(y_h, (m, n), self.out_dtype)
 
+        # split K: the partial sums of split z, brought to scale (fp32 [splits, m, n])
+        self.ws = T.alloc_buffer((h.splits, m, n), "float32", scope="global") if h.splits > 1 else None
         bx, by, tx = T.env_thread("blockIdx.x"), T.env_thread("blockIdx.y"), T.env_thread("threadIdx.x")
         m_tiles = tirx.Cast("int32", (m + (self.m_tile - 1)) // self.m_tile)
-        with (
-            T.launch_thread(bx, m_tiles),
-            T.launch_thread(by, n // (64 * h.wg)),
-            T.launch_thread(tx, 128 * h.wg),
-        ):
+        with contextlib.ExitStack() as launch:
+            launch.enter_context(T.launch_thread(bx, m_tiles))
+            launch.enter_context(T.launch_thread(by, n // (64 * h.wg)))
+            self.z = None
+            if h.splits > 1:
+                self.z = T.env_thread("blockIdx.z")
+                launch.enter_context(T.launch_thread(self.z, h.splits))
+            launch.enter_context(T.launch_thread(tx, 128 * h.wg))
             self.tx, self.m0, self.n0 = tx, tirx.Cast("int64", bx) * self.m_tile, by * (64 * h.wg)
             self.wg, self.warp, self.lane = tx // 128, tx % 128 // 32, tx % 32
             self.quad, self.j = self.lane // 4, self.lane % 4
@@ -176,6 +193,8 @@ class _Kernel:
             self.rows_fold()
             self.loop()
             self.epilogue()
+        if h.splits > 1:
+            self.add_splits()
 
     # ---- the rows' fold ------------------------------------------------------------------------
 
@@ -236,6 +255,8 @@ class _Kernel:
     def issue(self, it, slot) -> None:
         """``cp.async`` of iteration ``it``'s activations, codes and scale codes into ``slot``."""
         T, h, tx = self.T, self.h, self.tx
+        if self.z is not None:  # the block's K range
+            it = self.z * self.iters + it
         cp16 = T.ptx["cp.async.cg.shared.global"]
         threads = 128 * h.wg
         # activations: 16 chunks a row (128 K of 2 bytes), two swizzled halves of 64 K
@@ -402,8 +423,29 @@ class _Kernel:
             val = tirx.ldexp(
                 tirx.BufferLoad(self.acc, [4 * jn + 2 * i + c]), tirx.BufferLoad(self.out_exp, [i])
             )
-            if self.bias:
+            if self.bias and self.ws is None:
                 val = val + tirx.Cast("float32", tirx.BufferLoad(self.Bias, [col]))
             with T.If(row < self.m):
                 with T.Then():
+                    if self.ws is None:
+                        T.buffer_store(self.Y, tirx.Cast(self.out_dtype, val), [row, col])
+                    else:
+                        T.buffer_store(self.ws, val, [self.z, row, col])
+
+    def add_splits(self) -> None:
+        """The second kernel of a split K: Y = the splits' partial sums added in split order, plus the
+        bias (an output a thread)."""
+        T, m, n = self.T, self.m, self.n
+        bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+        total = m * n
+        with T.launch_thread(bx, tirx.Cast("int32", (total + 255) // 256)), T.launch_thread(tx, 256):
+            i = tirx.Cast("int64", bx) * 256 + tx
+            with T.If(i < total):
+                with T.Then():
+                    row, col = i // n, i % n
+                    val = tirx.BufferLoad(self.ws, [0, row, col])
+                    for z in range(1, self.h.splits):
+                        val = val + tirx.BufferLoad(self.ws, [z, row, col])
+                    if self.bias:
+                        val = val + tirx.Cast("float32", tirx.BufferLoad(self.Bias, [col]))
                     T.buffer_store(self.Y, tirx.Cast(self.out_dtype, val), [row, col])

@@ -12,7 +12,7 @@ from typing import Any
 
 from mxgemm import formats
 from mxgemm.codegen import target as targets
-from mxgemm.codegen.wgmma_w import M_TILES, Hints, applies, kernel
+from mxgemm.codegen.wgmma_w import M_TILES, SPLITS, Hints, applies, kernel
 from mxgemm.rules.base import Rule, Scheduled, cheapest, cuda_linear
 
 BUCKETS = (64, 128, 256)
@@ -37,25 +37,29 @@ class WgmmaW(Rule):
 
     def candidates(self, spec: Any) -> list[Hints]:
         """Every hint set whose M tile is at most the bucket, that tiles the shape and fits the
-        shared memory (deterministic order)."""
+        shared memory, split K only while the halved split's grid is short of :func:`_slots`
+        (deterministic order)."""
         if not self._serves(spec):
             return []
         f = formats.get(spec.fmt)
-        space = itertools.product((1, 2, 4), (3, 4, 5), (1, 0), M_TILES)
+        space = itertools.product((1, 2, 4), (3, 4, 5), (1, 0), M_TILES, SPLITS)
         hints = (Hints(*p) for p in space if p[3] <= spec.m_bucket)
-        return [h for h in hints if applies(f, spec.n, spec.k, spec.a_dtype, h) is None]
+        return [
+            h
+            for h in hints
+            if (h.splits == 1 or _blocks(spec, h) * (h.splits // 2) < _slots(spec, h))
+            and applies(f, spec.n, spec.k, spec.a_dtype, h) is None
+        ]
 
     def cost(self, spec: Any, h: Hints) -> float:
         """What the H200 tuning measured (``tune-wgmma_w-r1-cdcc9f8.jsonl``: 8 shapes × 64 and 128 rows,
         mxfp4 and mxfp8_e4m3): the rule won 31 of 48 tasks, with small blocks, one warpgroup × 64
         activation rows (2 blocks an SM; 128 rows run as two M tiles) in 21 of them, two warpgroups ×
-        128 rows in 7; two fragment sets and 4 slots beat one and 3 or 5. Times a grid short of one
-        wave of the SMs (it idles them)."""
-        sms = targets.sm_count(spec.target["arch"])
-        blocks = spec.n // (64 * h.wg) * -(-spec.m_bucket // h.mt)
-        short = max(1.0, sms / blocks)
+        128 rows in 7; two fragment sets and 4 slots beat one and 3 or 5. Times a grid short of
+        :func:`_slots` (it idles SMs) and 5% a split (the partial sums' round trip)."""
+        short = max(1.0, _slots(spec, h) / (_blocks(spec, h) * h.splits))
         measured = (1.0 + 0.1 * (h.wg - 1)) * (1.0 if h.mt == 64 else 1.15) * (1.0 if h.double else 1.15)
-        return short * measured * (1.0 + 0.05 * abs(h.stages - 4))
+        return short * measured * (1.0 + 0.05 * abs(h.stages - 4)) * (1.0 + 0.05 * (h.splits - 1))
 
     def default_hints(self, spec: Any) -> Hints | None:
         """The cheapest candidate by :meth:`cost` (the rule is not routed: this seeds the tuner)."""
@@ -74,6 +78,16 @@ class WgmmaW(Rule):
             a_dtype=spec.a_dtype, hints=h,
         )  # fmt: skip
         return Scheduled(self.name, tvm.IRModule({"main": func}), h)
+
+
+def _blocks(spec: Any, h: Hints) -> int:
+    """Blocks of the unsplit grid at the bucket's M."""
+    return spec.n // (64 * h.wg) * -(-spec.m_bucket // h.mt)
+
+
+def _slots(spec: Any, h: Hints) -> int:
+    """Blocks the GPU runs at once: 2 an SM with one warpgroup, else 1."""
+    return targets.sm_count(spec.target["arch"]) * (2 if h.wg == 1 else 1)
 
 
 RULE = WgmmaW()
