@@ -8,6 +8,10 @@ time on the GPU box.
 ragged shape (also with rows whose scales do not fold: the unfolded path), then times mxfp4 fp16
 against cuBLAS fp16 (``torch.mm``, same process, CUDA events, medians of 20, weights and activations
 rotated so L2 holds no operand of the timed call).
+
+Probes (timed, not checked; their outputs are garbage) bound what the decode costs: ``nodecode`` feeds
+the wgmmas the gathered code words as they are (no decode, no folded scale), ``nomma`` decodes and
+issues no wgmma (the fragments summed into the accumulator, so the decode stays live).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 
 import gpu_script  # benchmarks/, beside this script
 import torch
+from tvm import tirx
 
 from mxgemm import formats, reference
 from mxgemm.codegen import wgmma_w
@@ -39,6 +44,44 @@ CHECK_FORMATS = [
     ("mxfp8_e4m3", "float16"),
     ("mxint8", "bfloat16"),
 ]
+
+
+PROBE_SHAPES = [(28672, 8192)]
+PROBE_HINTS = [wgmma_w.Hints(1, 3, 1, mt=64), wgmma_w.Hints(2, 4, 1, mt=128)]
+
+
+class _NoDecode(wgmma_w._Kernel):
+    def decode(self, slot, buf: int, fold: bool) -> None:
+        from mxgemm.codegen.decode import u32
+
+        words = self.T.alloc_buffer((wgmma_w.BK // wgmma_w.STEP, 2, 2), "uint32", scope="local")
+        for r, u in itertools.product(range(2), range(wgmma_w.BK // wgmma_w.STEP)):
+            self.lane_words(slot, self.row(r), u, words, r)
+        for u, g, q in itertools.product(range(wgmma_w.BK // wgmma_w.STEP), range(2), range(4)):
+            word = tirx.BufferLoad(words, [u, q % 2, g]) & u32(0x3F7F3F7F)  # finite halves
+            self.T.buffer_store(self.afr, word, [buf, u, g, q])
+
+
+class _NoMma(wgmma_w._Kernel):
+    def mma(self, slot, buf: int, steps=range(wgmma_w.BK // wgmma_w.STEP), into=None) -> None:
+        for n_, (u, g, q) in enumerate(itertools.product(steps, range(2), range(4))):
+            i = n_ % self.frag
+            bits = tirx.reinterpret("float32", tirx.BufferLoad(self.afr, [buf, u, g, q]))
+            self.T.buffer_store(self.acc, tirx.BufferLoad(self.acc, [i]) + bits, [i])
+        self.T.evaluate(self.T.ptx.wgmma.commit_group.sync.aligned())
+
+
+PROBES = {"nodecode": _NoDecode, "nomma": _NoMma}
+
+
+def _probe(cls, n, k, h):
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder import tirx as T
+
+    with IRBuilder() as ib:
+        with T.prim_func():
+            cls(T, formats.get("mxfp4"), n, k, "float16", False, "float16", h).emit()
+    return ib.get()
 
 
 def _name(fmt, n, k, h, dt, bias):
@@ -62,6 +105,23 @@ def build(out: Path) -> None:
         t = time.time()
         kbuild.compile_export(tvm.IRModule({"main": f}), TARGET, out / f"{name}.so")
         print(f"built {name} in {time.time() - t:.1f} s", flush=True)
+    build_probes(out)
+
+
+def build_probes(out: Path) -> None:
+    """The probes and their plain kernels (:data:`PROBE_SHAPES` × :data:`PROBE_HINTS`)."""
+    import tvm
+
+    from mxgemm.codegen import build as kbuild
+    from mxgemm.codegen.wgmma import TARGET
+
+    out.mkdir(parents=True, exist_ok=True)
+    for probe, (n, k), h in itertools.product(("", *PROBES), PROBE_SHAPES, PROBE_HINTS):
+        name = f"{probe}{'_' if probe else ''}{_name('mxfp4', n, k, h, 'float16', False)}"
+        if not (out / f"{name}.so").exists():
+            cls = PROBES.get(probe, wgmma_w._Kernel)
+            kbuild.compile_export(tvm.IRModule({"main": _probe(cls, n, k, h)}), TARGET, out / f"{name}.so")
+            print(f"built {name}", flush=True)
 
 
 def _weights(fmt, n, k, gen, dev, spread: bool = False):
@@ -98,8 +158,8 @@ def time_shape(d: Path, n: int, k: int, m: int, dev: str) -> list[dict]:
     y = torch.empty(m, n, dtype=torch.float16, device=dev)
     t_cublas = gpu_script.median_us(lambda i: torch.mm(xs[i % copies], w16[i % copies].T, out=y))
     rows = []
-    for h in VARIANTS:
-        path = d / f"{_name('mxfp4', n, k, h, 'float16', False)}.so"
+    for probe, h in itertools.product(("", *PROBES), dict.fromkeys(VARIANTS + PROBE_HINTS)):
+        path = d / f"{probe}{'_' if probe else ''}{_name('mxfp4', n, k, h, 'float16', False)}.so"
         if not path.exists():
             continue
         func = gpu_script.load(path)
@@ -110,6 +170,7 @@ def time_shape(d: Path, n: int, k: int, m: int, dev: str) -> list[dict]:
 
         t = gpu_script.median_us(run)
         row = {"n": n, "k": k, "m": m, "hints": h.to_dict(), "us": t, "cublas_fp16_us": t_cublas}
+        row = {**row, "probe": probe} if probe else row
         rows.append({**row, "vs_cublas": t_cublas / t, "tflops": 2 * m * n * k / t / 1e6})
         print(json.dumps(rows[-1]), flush=True)
     return rows
