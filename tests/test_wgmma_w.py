@@ -31,7 +31,11 @@ def test_applies_names_the_problem():
     split = wgmma_w.Hints(1, 4, 1, mt=64, splits=4)
     assert "K=1536 is not a multiple of 4 ranges of 256" in wgmma_w.applies(fp4, 256, 1536, "float16", split)
     assert wgmma_w.applies(fp4, 256, 2048, "float16", split) is None
-    for bad in (dict(wg=5), dict(mt=256), dict(stages=2), dict(splits=3)):
+    ring = wgmma_w.Hints(2, 4, 1, mt=128, ring=1)  # 4 slots of 41 KB + 1 KB of barriers fit; 6 do not
+    assert wgmma_w.applies(fp4, 256, 512, "float16", ring) is None
+    six = wgmma_w.Hints(2, 6, 1, ring=1)
+    assert "and the barriers exceed" in wgmma_w.applies(fp4, 256, 512, "float16", six)
+    for bad in (dict(wg=5), dict(mt=256), dict(stages=2), dict(splits=3), dict(ring=2)):
         with pytest.raises(ValueError, match="wg 1..4"):
             wgmma_w.Hints(**bad)
 
@@ -59,10 +63,12 @@ def test_split_k_runs_only_where_the_grid_is_short():
         ("mxfp4", "float16", wgmma_w.Hints()),
         ("mxfp8_e4m3", "bfloat16", wgmma_w.Hints(1, 4, 1, mt=64)),
         ("mxfp4", "bfloat16", wgmma_w.Hints(1, 4, 1, mt=64, splits=2)),
+        ("mxint8", "float16", wgmma_w.Hints(2, 4, 1, mt=128, ring=1)),
     ],
 )
 def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
-    """Also: a split K is two kernels, the second adding the splits' partial sums in split order."""
+    """Also: a split K is two kernels, the second adding the splits' partial sums in split order; the
+    mbarrier ring waits on barriers instead of a block barrier an iteration."""
     import tvm
 
     from mxgemm.codegen.wgmma import TARGET
@@ -73,6 +79,8 @@ def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
     assert f"wgmma.mma_async.sync.aligned.m64n{hints.mt}k16.f32.{ab}.{ab}" in src
     assert src.count("__global__") == (4 if hints.splits > 1 else 2)  # declarations and definitions
     assert ("blockIdx.z" in src) == (hints.splits > 1)
+    assert ("cp.async.mbarrier.arrive.noinc" in src) == bool(hints.ring)
+    assert ("cp.async.wait_group" in src) == (not hints.ring)
     ptxas.assert_wgmmas_async_no_spills(src, tmp_path)
 
 
@@ -85,11 +93,12 @@ GPU_FORMATS = [
     for dt in ("float16", "bfloat16")
 ]
 SPLIT = wgmma_w.Hints(1, 4, 1, mt=64, splits=2)
-GPU_TILES = [(wgmma_w.Hints(), 200), (wgmma_w.Hints(1, 4, 1, mt=64), 37), (SPLIT, 77)]  # (hints, M)
+RING = wgmma_w.Hints(2, 3, 0, mt=128, ring=1)  # one fragment set: a slot released right after its wgmmas
+GPU_TILES = [(wgmma_w.Hints(), 200), (wgmma_w.Hints(1, 4, 1, mt=64), 37), (SPLIT, 77), (RING, 150)]
 # the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu
 PREBUILD = [(f, 256, 512, dt, True, h) for f, dt in GPU_FORMATS for h, _ in GPU_TILES]
 # test_gpu_linear_runs_the_records_kernel's: its record's layer, n, k, bucket and hints
-LINEAR = ("mxfp4", 512, 1024, 128, wgmma_w.Hints(2, 4, 1, mt=64, splits=2))
+LINEAR = ("mxfp4", 512, 1024, 128, wgmma_w.Hints(2, 4, 1, mt=64, splits=2, ring=1))
 hopper = pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
     reason="needs a Hopper GPU",
@@ -140,7 +149,7 @@ def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m, unfolded):
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize(("fmt", "dtype"), GPU_FORMATS)
-@pytest.mark.parametrize("hints", [GPU_TILES[1][0], SPLIT])
+@pytest.mark.parametrize("hints", [GPU_TILES[1][0], SPLIT, RING])
 def test_gpu_one_hot_rows_are_bit_exact(fmt, dtype, hints):
     """Activation row i is one 1 at column c_i: output (i, n) is the weight W[n, c_i] itself (rounded
     to the activations' dtype; the bias is zero); split K: the other splits add exact zeros."""

@@ -25,6 +25,12 @@ Block: ``wg`` warpgroups (64 weight rows each) × ``mt`` activation rows, over K
 steps into 32 fragment registers, issues its 8 wgmmas and waits for them; with ``Hints.double`` two
 sets of fragments alternate, the next slot decoded while this one's wgmmas run (``wait_group 1``).
 
+Ring sync (``Hints.ring``): 0, a block barrier an iteration (after ``cp.async.wait_group``); 1, two
+mbarriers a slot after the ring (their 1 KB keeps the slots' 1024-byte swizzle alignment): ``full``
+completes when every thread's copies into the slot landed (``cp.async.mbarrier.arrive.noinc``),
+``empty`` when every thread is done with it (its wgmmas waited for), so a warp runs ahead until a
+slot it refills is still read.
+
 Split K (``Hints.splits`` > 1, for grids short of the SMs): grid z takes a K range each and writes its
 fp32 partial sums, already brought to scale, into a workspace ``[splits, m, n]``; a second kernel
 adds them in split order (deterministic) with the bias and writes Y. Every split scans its rows'
@@ -68,23 +74,29 @@ class Hints:
     """wg: warpgroups per block (1..4), 64 weight rows each; stages: ring slots (3..6); double: 1 to
     decode the next slot while this one's wgmmas run (two fragment sets); mt: activation rows a
     block (the wgmmas' N: 64 or 128; the grid tiles any M); splits: K ranges run by separate blocks
-    (1, 2, 4, 8), their partial sums added by a second kernel."""
+    (1, 2, 4, 8), their partial sums added by a second kernel; ring: how the ring's slots are
+    synchronized (0: a block barrier an iteration, 1: mbarriers a slot)."""
 
     wg: int = 2
     stages: int = 4
     double: int = 1
     mt: int = 128
     splits: int = 1
+    ring: int = 0
 
     def __post_init__(self) -> None:
         ok = self.wg in (1, 2, 3, 4) and 3 <= self.stages <= 6 and self.double in (0, 1)
-        if not ok or self.mt not in M_TILES or self.splits not in SPLITS:
+        if not ok or self.mt not in M_TILES or self.splits not in SPLITS or self.ring not in (0, 1):
             raise ValueError(
-                f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 64|128, splits 1|2|4|8"
+                f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 64|128, splits 1|2|4|8, ring 0|1"
             )
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
+
+    def smem_bytes(self, bits: int) -> int:
+        """Dynamic shared memory of a block: the slots, and (``ring``) 1 KB for the mbarriers."""
+        return self.stages * self.slot_bytes(bits)[2] + 1024 * self.ring
 
     def slot_bytes(self, bits: int) -> tuple[int, int, int]:
         """Byte offsets in a slot of the codes and the scale codes, and the slot's size."""
@@ -106,8 +118,9 @@ def applies(fmt: formats.Format, n: int, k: int, a_dtype: str, h: Hints = Hints(
         return f"K={k} is not a multiple of {per}{2 * BK if h.double else BK}"
     if h.wg * h.mt > 256:  # ptxas: 128-row fragments need ~230 registers a thread, 170 at most at 384 threads
         return f"{h.wg} warpgroups with an M tile of {h.mt} spill registers (2 at most)"
-    if h.stages * h.slot_bytes(fmt.bits)[2] > SMEM_MAX:
-        return f"{h.stages} slots of {h.slot_bytes(fmt.bits)[2]} bytes exceed {SMEM_MAX}"
+    if h.smem_bytes(fmt.bits) > SMEM_MAX:
+        bars = " and the barriers" if h.ring else ""
+        return f"{h.stages} slots of {h.slot_bytes(fmt.bits)[2]} bytes{bars} exceed {SMEM_MAX}"
     return None
 
 
@@ -184,7 +197,7 @@ class _Kernel:
             self.tx, self.m0, self.n0 = tx, tirx.Cast("int64", bx) * self.m_tile, by * (64 * h.wg)
             self.wg, self.warp, self.lane = tx // 128, tx % 128 // 32, tx % 32
             self.quad, self.j = self.lane // 4, self.lane % 4
-            self.ring = T.alloc_buffer((h.stages * self.slot // 16,), "uint32x4", scope="shared.dyn")
+            self.ring = T.alloc_buffer((h.smem_bytes(self.w) // 16,), "uint32x4", scope="shared.dyn")
             self.acc = T.alloc_buffer((self.frag,), "float32", scope="local")
             self.afr = T.alloc_buffer((1 + h.double, BK // STEP, 2, 4), "uint32", scope="local")
             self.desc = T.alloc_buffer((1,), "uint64", scope="local")
@@ -365,22 +378,63 @@ class _Kernel:
 
     # ---- the K loop -----------------------------------------------------------------------------
 
+    def _bar(self, slot, empty: int) -> int:
+        """Byte offset in the ring of slot ``slot``'s ``full`` (0) or ``empty`` (1) mbarrier (``ring``)."""
+        return self.h.stages * self.slot + 16 * (2 * slot + empty)
+
+    def _arrive_full(self, slot) -> None:
+        """The slot's ``full`` barrier gets this thread's arrival once its copies so far have landed."""
+        addr = smem_addr(self.T, self.ring, self._bar(slot, 0))
+        self.T.evaluate(self.T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](addr))
+
+    def _wait(self, slot, empty: int, parity) -> None:
+        bar = self.T.address_of(self.ring[self._bar(slot, empty) // 16])
+        self.T.evaluate(self.T.cuda.mbarrier_wait(bar, parity))
+
+    def head(self, it) -> None:
+        """The ring's turn at iteration ``it``: slot ``it + ahead`` refilled, slot ``it``'s copies waited
+        for (``ring`` 0: :func:`~mxgemm.codegen.wgmma.ring_turn`; 1: the slot to refill waited empty,
+        then this one full)."""
+        T, h = self.T, self.h
+        if not h.ring:
+            ring_turn(T, it, h.stages, self.ahead, self.iters, self.issue)
+            return
+        t = it + self.ahead
+        with T.If(t < self.iters):
+            with T.Then():
+                with T.If(t >= h.stages):
+                    with T.Then():
+                        self._wait(t % h.stages, 1, (t // h.stages - 1) % 2)
+                self.issue(t, t % h.stages)
+                self._arrive_full(t % h.stages)
+        self._wait(it % h.stages, 0, (it // h.stages) % 2)
+
+    def release(self, it) -> None:
+        """``ring`` 1: this thread is done with iteration ``it``'s slot (its wgmmas waited for)."""
+        if not self.h.ring:
+            return
+        with self.T.If(it >= 0):
+            with self.T.Then():
+                addr = smem_addr(self.T, self.ring, self._bar(it % self.h.stages, 1))
+                self.T.evaluate(self.T.ptx.mbarrier.arrive.shared.b64(addr, u32(1)))
+
     def iteration(self, it, buf: int) -> None:
         """Folded: decode the slot, issue its 8 wgmmas; ``double``: the previous slot's are done."""
         T, h = self.T, self.h
         slot = it % h.stages
-        ring_turn(T, it, h.stages, self.ahead, self.iters, self.issue)
+        self.head(it)
         self.decode(slot, buf, fold=True)
         self.mma(slot, buf)
         # double: the previous slot's wgmmas are done (their fragments and slot free), this one's run on
         T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(1 if h.double else 0))
+        self.release(it - 1 if h.double else it)
 
     def plain_iteration(self, it) -> None:
         """Unfolded (rows whose scales do not fold): each step's two wgmmas into a fragment, added to
         the accumulator times the rows' block scales."""
         T, h = self.T, self.h
         slot = it % h.stages
-        ring_turn(T, it, h.stages, self.ahead, self.iters, self.issue)
+        self.head(it)
         self.decode(slot, 0, fold=False)
         sc = self.scale_words(slot)
         for u in range(BK // STEP):
@@ -393,13 +447,24 @@ class _Kernel:
                     tirx.BufferLoad(self.acc, [idx]) + tirx.BufferLoad(self.tmp, [idx]) * scale[idx // 2 % 2]
                 )
                 T.buffer_store(self.acc, val, [idx])
+        self.release(it)
 
     def loop(self) -> None:
         T, h = self.T, self.h
+        if h.ring:  # every thread arrives on both barriers of every slot use
+            with T.If(self.tx == 0):
+                with T.Then():
+                    for i, e in itertools.product(range(h.stages), range(2)):
+                        addr = smem_addr(T, self.ring, self._bar(i, e))
+                        T.evaluate(T.ptx.mbarrier.init.shared.b64(addr, u32(128 * h.wg)))
+            T.evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
         for s in range(self.ahead):
             if s < self.iters:
                 self.issue(s, s)
-            T.evaluate(T.ptx["cp.async.commit_group"]())
+            if h.ring:
+                self._arrive_full(s)
+            else:
+                T.evaluate(T.ptx["cp.async.commit_group"]())
         with T.If(tirx.BufferLoad(self.fast, [0]) != 0):
             with T.Then():
                 if h.double:  # two iterations a trip: the fragment sets stay static registers

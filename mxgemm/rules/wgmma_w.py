@@ -42,7 +42,7 @@ class WgmmaW(Rule):
         if not self._serves(spec):
             return []
         f = formats.get(spec.fmt)
-        space = itertools.product((1, 2, 4), (3, 4, 5), (1, 0), M_TILES, SPLITS)
+        space = itertools.product((1, 2, 4), (3, 4, 5), (1, 0), M_TILES, SPLITS, (0, 1))
         hints = (Hints(*p) for p in space if p[3] <= spec.m_bucket)
         return [
             h
@@ -56,10 +56,14 @@ class WgmmaW(Rule):
         mxfp4 and mxfp8_e4m3): the rule won 31 of 48 tasks, with small blocks, one warpgroup × 64
         activation rows (2 blocks an SM; 128 rows run as two M tiles) in 21 of them, two warpgroups ×
         128 rows in 7; two fragment sets and 4 slots beat one and 3 or 5. Times a grid short of
-        :func:`_slots` (it idles SMs) and 5% a split (the partial sums' round trip)."""
+        :func:`_slots` (it idles SMs) and 5% a split (the partial sums' round trip). The mbarrier ring
+        (``ring`` 1) took 0.88-0.91x the time with two warpgroups × 128 rows and 1.07-1.19x with one
+        × 64; on the H100, two × 128 beat one × 64 at 128-1024 rows on 28672×8192 (hence 1.1 for
+        128-row tiles, not the H200's 1.15; ``wgmma_w-probes-*.jsonl``)."""
         short = max(1.0, _slots(spec, h) / (_blocks(spec, h) * h.splits))
-        measured = (1.0 + 0.1 * (h.wg - 1)) * (1.0 if h.mt == 64 else 1.15) * (1.0 if h.double else 1.15)
-        return short * measured * (1.0 + 0.05 * abs(h.stages - 4)) * (1.0 + 0.05 * (h.splits - 1))
+        measured = (1.0 + 0.1 * (h.wg - 1)) * (1.0 if h.mt == 64 else 1.1) * (1.0 if h.double else 1.15)
+        ring = (0.9 if h.wg > 1 else 1.1) if h.ring else 1.0
+        return short * measured * ring * (1.0 + 0.05 * abs(h.stages - 4)) * (1.0 + 0.05 * (h.splits - 1))
 
     def default_hints(self, spec: Any) -> Hints | None:
         """The cheapest candidate by :meth:`cost` (the rule is not routed: this seeds the tuner)."""
