@@ -37,6 +37,7 @@ VARIANTS = [
     wgmma_w.Hints(4, 4, 0, mt=64),
     wgmma_w.Hints(1, 4, 1, mt=64),
     wgmma_w.Hints(2, 3, 1, mt=128),
+    wgmma_w.Hints(2, 4, 1, mt=128, ring=1),
 ]
 CHECK_FORMATS = [
     ("mxfp4", "float16"),
@@ -71,109 +72,7 @@ class _NoMma(wgmma_w._Kernel):
         self.T.evaluate(self.T.ptx.wgmma.commit_group.sync.aligned())
 
 
-class _MbarRing(wgmma_w._Kernel):
-    """A prototype (checked and timed like the probes): the ring's slots tracked by mbarriers instead of
-    a block barrier an iteration. ``full[s]``: every thread's copies into slot ``s`` landed
-    (``cp.async.mbarrier.arrive.noinc``); ``empty[s]``: every thread is done with it (its wgmmas
-    waited for). A warp runs ahead of the others until a slot it refills is still read. The barriers
-    live in the slots' padding (a static shared array would move the ring off its 1024-byte swizzle
-    alignment), so hint sets whose slots have none are not built."""
-
-    @staticmethod
-    def fits(h) -> bool:
-        _, scales, size = h.slot_bytes(4)
-        return scales + 64 * h.wg * 4 <= size - 32
-
-    def _bar(self, slot, empty: int):
-        """Element of the ring (16 bytes) holding slot ``slot``'s full (0) or empty (1) barrier."""
-        return (slot * self.slot + self.slot - 32 + 16 * empty) // 16
-
-    def _ptr(self, slot, empty: int):
-        return wgmma_w.smem_addr(self.T, self.ring, slot * self.slot + self.slot - 32 + 16 * empty)
-
-    def loop(self) -> None:
-        T, h = self.T, self.h
-        threads = 128 * h.wg
-        with T.If(self.tx == 0):
-            with T.Then():
-                for i, e in itertools.product(range(h.stages), range(2)):
-                    T.evaluate(T.ptx.mbarrier.init.shared.b64(self._ptr(i, e), tirx.const(threads, "uint32")))
-        T.evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
-        for s in range(self.ahead):
-            if s < self.iters:
-                self.issue(s, s)
-                self._arrive_full(s)
-        with T.If(tirx.BufferLoad(self.fast, [0]) != 0):
-            with T.Then():
-                if h.double:
-                    with T.serial(0, self.iters // 2) as it2:
-                        for b in range(2):
-                            self.iteration(2 * it2 + b, b)
-                else:
-                    with T.serial(0, self.iters) as it:
-                        self.iteration(it, 0)
-                T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
-            with T.Else():
-                self.tmp = T.alloc_buffer((self.frag,), "float32", scope="local")
-                with T.serial(0, self.iters) as it:
-                    self.plain_iteration(it)
-
-    def _arrive_full(self, slot) -> None:
-        self.T.evaluate(self.T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](self._ptr(slot, 0)))
-
-    def _wait(self, slot, empty: int, parity) -> None:
-        bar = self.T.address_of(self.ring[self._bar(slot, empty)])
-        self.T.evaluate(self.T.cuda.mbarrier_wait(bar, parity))
-
-    def _turn(self, it) -> None:
-        """Refill the slot of iteration ``it + ahead`` once it is empty; wait for this one's."""
-        T, h = self.T, self.h
-        t = it + self.ahead
-        with T.If(t < self.iters):
-            with T.Then():
-                slot = t % h.stages
-                with T.If(t >= h.stages):
-                    with T.Then():
-                        self._wait(slot, 1, (t // h.stages - 1) % 2)
-                self.issue(t, slot)
-                self._arrive_full(slot)
-        self._wait(it % h.stages, 0, (it // h.stages) % 2)
-
-    def _release(self, it) -> None:
-        """This thread is done with iteration ``it``'s slot (its wgmmas waited for)."""
-        with self.T.If(it >= 0):
-            with self.T.Then():
-                bar = self._ptr(it % self.h.stages, 1)
-                self.T.evaluate(self.T.ptx.mbarrier.arrive.shared.b64(bar, tirx.const(1, "uint32")))
-
-    def iteration(self, it, buf: int) -> None:
-        T, h = self.T, self.h
-        self._turn(it)
-        self.decode(it % h.stages, buf, fold=True)
-        self.mma(it % h.stages, buf)
-        T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(1 if h.double else 0))
-        self._release(it - 1 if h.double else it)
-
-    def plain_iteration(self, it) -> None:
-        T, h = self.T, self.h
-        slot = it % h.stages
-        self._turn(it)
-        self.decode(slot, 0, fold=False)
-        sc = self.scale_words(slot)
-        for u in range(wgmma_w.BK // wgmma_w.STEP):
-            self.mma(slot, 0, steps=[u], into=self.tmp)
-            T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
-            wgmma_w.fence_regs(T, [tirx.BufferLoad(self.tmp, [i]) for i in range(self.frag)])
-            scale = [wgmma_w.scale_expr(self.code(sc, r, u)) for r in range(2)]
-            for idx in range(self.frag):
-                val = (
-                    tirx.BufferLoad(self.acc, [idx]) + tirx.BufferLoad(self.tmp, [idx]) * scale[idx // 2 % 2]
-                )
-                T.buffer_store(self.acc, val, [idx])
-        self._release(it)
-
-
-PROBES = {"nodecode": _NoDecode, "nomma": _NoMma, "mbar": _MbarRing}
+PROBES = {"nodecode": _NoDecode, "nomma": _NoMma}
 
 
 def _probe(cls, n, k, h, bias=False):
@@ -187,7 +86,8 @@ def _probe(cls, n, k, h, bias=False):
 
 
 def _name(fmt, n, k, h, dt, bias):
-    return f"{fmt}_n{n}_k{k}_wg{h.wg}_s{h.stages}_d{h.double}_mt{h.mt}_{dt}{'_bias' if bias else ''}"
+    extra = (f"_z{h.splits}" if h.splits > 1 else "") + ("_ring" if h.ring else "")
+    return f"{fmt}_n{n}_k{k}_wg{h.wg}_s{h.stages}_d{h.double}_mt{h.mt}{extra}_{dt}{'_bias' if bias else ''}"
 
 
 def build(out: Path) -> None:
@@ -220,16 +120,10 @@ def build_probes(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for probe, (n, k), h in itertools.product(("", *PROBES), PROBE_SHAPES, PROBE_HINTS):
         name = f"{probe}{'_' if probe else ''}{_name('mxfp4', n, k, h, 'float16', False)}"
-        if probe == "mbar" and not _MbarRing.fits(h):
-            continue
         if not (out / f"{name}.so").exists():
             cls = PROBES.get(probe, wgmma_w._Kernel)
             kbuild.compile_export(tvm.IRModule({"main": _probe(cls, n, k, h)}), TARGET, out / f"{name}.so")
             print(f"built {name}", flush=True)
-    for h in filter(_MbarRing.fits, PROBE_HINTS):  # the prototype is checked too
-        name = f"mbar_{_name('mxfp4', CHECK[0], CHECK[1], h, 'float16', True)}"
-        func = _probe(_MbarRing, CHECK[0], CHECK[1], h, bias=True)
-        kbuild.compile_export(tvm.IRModule({"main": func}), TARGET, out / f"{name}.so")
 
 
 def _weights(fmt, n, k, gen, dev, spread: bool = False):
@@ -294,15 +188,6 @@ def measure(d: Path, out: Path | None) -> None:
                 r = check(gpu_script.load(path), fmt, CHECK[0], CHECK[1], CHECK[2], dt, dev, spread)
                 row = {"kind": "check", "fmt": fmt, "dtype": dt, "hints": h.to_dict()}
                 rows.append({**row, "unfolded": spread, **r})
-                print(json.dumps(rows[-1]), flush=True)
-    for h in PROBE_HINTS:
-        path = d / f"mbar_{_name('mxfp4', CHECK[0], CHECK[1], h, 'float16', True)}.so"
-        if path.exists():
-            for spread in (False, True):
-                r = check(
-                    gpu_script.load(path), "mxfp4", CHECK[0], CHECK[1], CHECK[2], "float16", dev, spread
-                )
-                rows.append({"kind": "check", "probe": "mbar", "hints": h.to_dict(), "unfolded": spread, **r})
                 print(json.dumps(rows[-1]), flush=True)
     for (n, k), m in itertools.product(SHAPES, MS):
         rows += time_shape(d, n, k, m, dev)
