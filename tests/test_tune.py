@@ -268,8 +268,8 @@ def test_candidates_include_the_records_hints(tmp_path, monkeypatch):
     task would replace its record: tuning measures those hints (second, after the defaults), so its
     winner is never slower than what ran before."""
     monkeypatch.setenv("MXGEMM_TUNE_LOG", str(tmp_path / "none.json"))
-    shape = {"fmt": "mxfp4", "n": 4096, "k": 4096, "m_bucket": 64, "arch": "sm_90", "block_size": 32}
-    fp16 = tune.Task(**shape, a_dtype="float16")
+    shape = {"fmt": "mxfp4", "n": 14336, "k": 4096, "m_bucket": 16, "arch": "sm_90", "block_size": 32}
+    fp16 = tune.Task(**shape, a_dtype="float16")  # the shipped log: an mma record, none in bf16
     rec = tunelog.lookup(fp16.key(), tune._build_versions("sm_90"), [tunelog.shipped_log("sm_90")])
     assert rec is not None and rec.rule == tune.rule_of(fp16)
     recorded = rules.get(rec.rule).typed(rec.config).to_dict()
