@@ -75,13 +75,13 @@ class _NoMma(wgmma_w._Kernel):
 PROBES = {"nodecode": _NoDecode, "nomma": _NoMma}
 
 
-def _probe(cls, n, k, h, bias=False):
+def _probe(cls, n, k, h):
     from tvm.script.ir_builder import IRBuilder
     from tvm.script.ir_builder import tirx as T
 
     with IRBuilder() as ib:
         with T.prim_func():
-            cls(T, formats.get("mxfp4"), n, k, "float16", bias, "float16", h).emit()
+            cls(T, formats.get("mxfp4"), n, k, "float16", False, "float16", h).emit()
     return ib.get()
 
 
