@@ -35,9 +35,11 @@ def test_applies_names_the_problem():
     assert wgmma_w.applies(fp4, 256, 512, "float16", ring) is None
     six = wgmma_w.Hints(2, 6, 1, ring=1)
     assert "and the barriers exceed" in wgmma_w.applies(fp4, 256, 512, "float16", six)
-    for bad in (dict(wg=5), dict(mt=256), dict(stages=2), dict(splits=3), dict(ring=2)):
+    for bad in (dict(wg=5), dict(mt=256), dict(stages=2), dict(splits=3), dict(ring=2), dict(tma=3)):
         with pytest.raises(ValueError, match="wg 1..4"):
             wgmma_w.Hints(**bad)
+    with pytest.raises(ValueError, match="with ring 1"):  # TMA completes on the ring's mbarriers
+        wgmma_w.Hints(tma=1)
 
 
 def test_split_k_runs_only_where_the_grid_is_short():
@@ -56,6 +58,19 @@ def test_split_k_runs_only_where_the_grid_is_short():
     assert rule.default_hints(spec(28672, 8192, 64)).splits == 1
 
 
+def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
+    """TMA completes on the ring's barriers: no candidate asks for it without them; a recorded hint
+    set's twin is itself with the ring and both loads by TMA (the tuner measures it beside it)."""
+    rule = rules.get("wgmma_w")
+    spec = builder.KernelSpec("mxfp4", 28672, 8192, 128, "float16", "float16", False, 32, targets.cuda("sm_90"))
+    cands = rule.candidates(spec)
+    assert {h.tma for h in cands} == {0, 1, 2} and all(h.ring for h in cands if h.tma)
+    plain = wgmma_w.Hints(2, 4, 1, mt=128)
+    assert rule.twins(spec, plain) == [wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2)]
+    assert rule.twins(spec, rule.twins(spec, plain)[0]) == []
+    assert rule.default_hints(spec).tma == 2  # what the H100 measured fastest with two warpgroups
+
+
 @pytest.mark.nvcc
 @pytest.mark.parametrize(
     ("fmt", "dtype", "hints"),
@@ -64,6 +79,9 @@ def test_split_k_runs_only_where_the_grid_is_short():
         ("mxfp8_e4m3", "bfloat16", wgmma_w.Hints(1, 4, 1, mt=64)),
         ("mxfp4", "bfloat16", wgmma_w.Hints(1, 4, 1, mt=64, splits=2)),
         ("mxint8", "float16", wgmma_w.Hints(2, 4, 1, mt=128, ring=1)),
+        ("mxfp4", "float16", wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=1)),
+        ("mxfp4", "bfloat16", wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2)),
+        ("mxfp8_e4m3", "float16", wgmma_w.Hints(1, 4, 1, mt=64, splits=2, ring=1, tma=2)),
     ],
 )
 def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
@@ -81,6 +99,9 @@ def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
     assert ("blockIdx.z" in src) == (hints.splits > 1)
     assert ("cp.async.mbarrier.arrive.noinc" in src) == bool(hints.ring)
     assert ("cp.async.wait_group" in src) == (not hints.ring)
+    assert ("cp.async.bulk.tensor.2d" in src) == bool(hints.tma)  # loads by TMA, through tensor maps:
+    assert src.count("__grid_constant__ CUtensorMap") == 2 * hints.tma  # declaration and definition
+    assert ("cp.async.cg.shared.global" in src) == (hints.tma < 2)  # codes by cp.async
     ptxas.assert_wgmmas_async_no_spills(src, tmp_path)
 
 
@@ -94,11 +115,15 @@ GPU_FORMATS = [
 ]
 SPLIT = wgmma_w.Hints(1, 4, 1, mt=64, splits=2)
 RING = wgmma_w.Hints(2, 3, 0, mt=128, ring=1)  # one fragment set: a slot released right after its wgmmas
+TMA1 = wgmma_w.Hints(2, 3, 0, mt=128, ring=1, tma=1)  # 150 rows: the second M tile's rows past M are zeros
+TMA2 = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2)
+TMA2_SPLIT = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, ring=1, tma=2)
 GPU_TILES = [(wgmma_w.Hints(), 200), (wgmma_w.Hints(1, 4, 1, mt=64), 37), (SPLIT, 77), (RING, 150)]
+GPU_TILES += [(TMA1, 150), (TMA2, 37), (TMA2_SPLIT, 77)]
 # the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu
 PREBUILD = [(f, 256, 512, dt, True, h) for f, dt in GPU_FORMATS for h, _ in GPU_TILES]
 # test_gpu_linear_runs_the_records_kernel's: its record's layer, n, k, bucket and hints
-LINEAR = ("mxfp4", 512, 1024, 128, wgmma_w.Hints(2, 4, 1, mt=64, splits=2, ring=1))
+LINEAR = ("mxfp4", 512, 1024, 128, wgmma_w.Hints(2, 4, 1, mt=64, splits=2, ring=1, tma=2))
 hopper = pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
     reason="needs a Hopper GPU",
@@ -149,7 +174,7 @@ def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m, unfolded):
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize(("fmt", "dtype"), GPU_FORMATS)
-@pytest.mark.parametrize("hints", [GPU_TILES[1][0], SPLIT, RING])
+@pytest.mark.parametrize("hints", [GPU_TILES[1][0], SPLIT, RING, TMA1, TMA2_SPLIT])
 def test_gpu_one_hot_rows_are_bit_exact(fmt, dtype, hints):
     """Activation row i is one 1 at column c_i: output (i, n) is the weight W[n, c_i] itself (rounded
     to the activations' dtype; the bias is zero); split K: the other splits add exact zeros."""

@@ -31,6 +31,14 @@ completes when every thread's copies into the slot landed (``cp.async.mbarrier.a
 ``empty`` when every thread is done with it (its wgmmas waited for), so a warp runs ahead until a
 slot it refills is still read.
 
+Loads by TMA (``Hints.tma``, on the mbarrier ring): 1, the activations; 2, the codes too. One thread
+a block loads them with ``cp.async.bulk.tensor`` through tensor maps the host encodes per call
+(activations: boxes of 64 K × ``mt`` rows, 128-byte swizzle, rows past M read as zeros; codes: a
+row's bytes of the slot × the block's rows, the 64- or 128-byte swizzle that is the chunks' XOR
+above), completing on the slot's ``full`` barrier (``expect_tx``); the other threads issue only
+the scale codes' copies. (Multicasting the activations to a cluster of 2 or 4 blocks along N lost
+to one block's loads on every shape and M measured on an H100.)
+
 Split K (``Hints.splits`` > 1, for grids short of the SMs): grid z takes a K range each and writes its
 fp32 partial sums, already brought to scale, into a workspace ``[splits, m, n]``; a second kernel
 adds them in split order (deterministic) with the bias and writes Y. Every split scans its rows'
@@ -67,6 +75,7 @@ BK = 128  # K per ring slot
 WIDTHS = (4, 8)  # code widths with one bit plane
 M_TILES = (64, 128)  # activation rows a block (256: the unfolded path's fragment would spill)
 SPLITS = (1, 2, 4, 8)  # K ranges (grid z)
+TMA = (0, 1, 2)  # loads by TMA: none, the activations, the activations and the codes
 
 
 @dataclass(frozen=True)
@@ -75,7 +84,9 @@ class Hints:
     decode the next slot while this one's wgmmas run (two fragment sets); mt: activation rows a
     block (the wgmmas' N: 64 or 128; the grid tiles any M); splits: K ranges run by separate blocks
     (1, 2, 4, 8), their partial sums added by a second kernel; ring: how the ring's slots are
-    synchronized (0: a block barrier an iteration, 1: mbarriers a slot)."""
+    synchronized (0: a block barrier an iteration, 1: mbarriers a slot); tma: what TMA loads
+    (``ring`` 1) instead of every thread's ``cp.async``: 0, nothing; 1, the activations; 2, the
+    activations and the codes."""
 
     wg: int = 2
     stages: int = 4
@@ -83,12 +94,15 @@ class Hints:
     mt: int = 128
     splits: int = 1
     ring: int = 0
+    tma: int = 0
 
     def __post_init__(self) -> None:
         ok = self.wg in (1, 2, 3, 4) and 3 <= self.stages <= 6 and self.double in (0, 1)
-        if not ok or self.mt not in M_TILES or self.splits not in SPLITS or self.ring not in (0, 1):
+        ok = ok and self.mt in M_TILES and self.splits in SPLITS and self.ring in (0, 1)
+        if not ok or self.tma not in TMA or (self.tma and not self.ring):
             raise ValueError(
-                f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 64|128, splits 1|2|4|8, ring 0|1"
+                f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 64|128, splits 1|2|4|8, "
+                "ring 0|1, tma 0|1|2 (with ring 1)"
             )
 
     def to_dict(self) -> dict[str, int]:
@@ -184,6 +198,7 @@ class _Kernel:
 
         # split K: the partial sums of split z, brought to scale (fp32 [splits, m, n])
         self.ws = T.alloc_buffer((h.splits, m, n), "float32", scope="global") if h.splits > 1 else None
+        self.tmaps = self.tensor_maps() if h.tma else None
         bx, by, tx = T.env_thread("blockIdx.x"), T.env_thread("blockIdx.y"), T.env_thread("threadIdx.x")
         m_tiles = tirx.Cast("int32", (m + (self.m_tile - 1)) // self.m_tile)
         with contextlib.ExitStack() as launch:
@@ -253,6 +268,44 @@ class _Kernel:
             out = tirx.Select(self.fast[0] != 0, self.out_exp[r], tirx.const(oe, "int32"))
             T.buffer_store(self.out_exp, out, [r])
 
+    # ---- TMA -----------------------------------------------------------------------------------
+
+    def tensor_maps(self):
+        """The host-encoded tensor maps (``tma``) of A (boxes of 64 K × ``mt`` rows, 128-byte swizzle,
+        rows past M zeros) and, with ``tma`` 2, of B (a row's ``16 w`` bytes of a slot × the block's
+        rows, swizzled as :meth:`_code_chunk` places them)."""
+        T, k, w = self.T, self.k, self.w
+        grids = [(self.A, self.a_dtype, (k, self.m, 2 * k, 64, self.m_tile), 3)]
+        if self.h.tma == 2:
+            dims = (k * w // 8, self.n, k * w // 8, 16 * w, 64 * self.h.wg)
+            grids.append((self.B, "uint8", dims, 2 if w == 4 else 3))
+        maps = []
+        for buf, dtype, dims, swizzle in grids:  # dims: sizes, byte stride, box; element strides 1
+            tmap = T.Bind(T.tvm_stack_alloca("tensormap", 1))
+            encode = T.tensormap_encode_tiled(
+                tmap, buf.data, *dims, 1, 1, descriptor_dtype=dtype, rank=2, swizzle=swizzle, l2_promotion=2
+            )
+            T.evaluate(encode)
+            maps.append(tmap)
+        return maps
+
+    def tma_issue(self, it, slot) -> None:
+        """Thread 0: the slot's ``full`` barrier expects the bytes, and TMA loads the activations'
+        two halves (and, ``tma`` 2, the codes) of iteration ``it`` into ``slot``."""
+        T, h, mt = self.T, self.h, self.m_tile
+        full = smem_addr(T, self.ring, self._bar(slot, 0))
+        chain = T.ptx["cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"]
+        loads = [(half * mt * ROW, 0, it * BK + 64 * half, self.m0) for half in range(2)]
+        if h.tma == 2:
+            loads.append((self.codes_off, 1, it * 16 * self.w, self.n0))
+        size = 2 * mt * ROW + (64 * h.wg * 16 * self.w if h.tma == 2 else 0)
+        with T.If(self.tx == 0):
+            with T.Then():
+                T.evaluate(T.ptx["mbarrier.arrive.expect_tx.shared.b64"](full, u32(size)))
+                for at, which, inner, row in loads:
+                    box = [tirx.Cast("int32", inner), tirx.Cast("int32", row)]
+                    T.evaluate(chain(self._addr(slot, at), T.address_of(self.tmaps[which]), *box, full))
+
     # ---- shared memory ------------------------------------------------------------------------
 
     def _addr(self, slot, byte):
@@ -272,8 +325,10 @@ class _Kernel:
             it = self.z * self.iters + it
         cp16 = T.ptx["cp.async.cg.shared.global"]
         threads = 128 * h.wg
+        if h.tma:
+            self.tma_issue(it, slot)
         # activations: 16 chunks a row (128 K of 2 bytes), two swizzled halves of 64 K
-        for r in range(-(-self.m_tile * 16 // threads)):
+        for r in range(0 if h.tma else -(-self.m_tile * 16 // threads)):
             i = tx + threads * r
             row, c16 = i // 16, i % 16
             dst = self._addr(slot, (c16 // 8) * self.m_tile * ROW + swizzled(row, c16 % 8))
@@ -283,7 +338,7 @@ class _Kernel:
             when(T, conds, cp16(dst, self.A.ptr_to([self.m0 + row, it * BK + 8 * c16]), 16))
         # codes: w chunks a row
         rows = 64 * h.wg
-        for r in range(-(-rows * self.w // threads)):
+        for r in range(0 if h.tma == 2 else -(-rows * self.w // threads)):
             i = tx + threads * r
             row, c = i // self.w, i % self.w
             src = self.B.ptr_to([self.n0 + row, it * 16 * self.w + 16 * c])
@@ -382,6 +437,13 @@ class _Kernel:
         """Byte offset in the ring of slot ``slot``'s ``full`` (0) or ``empty`` (1) mbarrier (``ring``)."""
         return self.h.stages * self.slot + 16 * (2 * slot + empty)
 
+    def _counts(self) -> tuple[int, int]:
+        """Arrivals that complete a slot's ``full`` and ``empty`` barriers: every thread's (copies
+        landed, slot done with); with ``tma``, thread 0's ``expect_tx`` too, and a warp's (not a
+        thread's) when done."""
+        threads = 128 * self.h.wg
+        return (threads + 1, threads // 32) if self.h.tma else (threads, threads)
+
     def _arrive_full(self, slot) -> None:
         """The slot's ``full`` barrier gets this thread's arrival once its copies so far have landed."""
         addr = smem_addr(self.T, self.ring, self._bar(slot, 0))
@@ -410,13 +472,15 @@ class _Kernel:
         self._wait(it % h.stages, 0, (it // h.stages) % 2)
 
     def release(self, it) -> None:
-        """``ring`` 1: this thread is done with iteration ``it``'s slot (its wgmmas waited for)."""
-        if not self.h.ring:
+        """``ring`` 1: this thread is done with iteration ``it``'s slot (its wgmmas waited for); with
+        ``tma``, a warp is (past its warpgroup's ``wgmma.wait_group``): its lane 0 arrives."""
+        T, h = self.T, self.h
+        if not h.ring:
             return
-        with self.T.If(it >= 0):
-            with self.T.Then():
-                addr = smem_addr(self.T, self.ring, self._bar(it % self.h.stages, 1))
-                self.T.evaluate(self.T.ptx.mbarrier.arrive.shared.b64(addr, u32(1)))
+        with T.If(it >= 0):
+            with T.Then():
+                addr = smem_addr(T, self.ring, self._bar(it % h.stages, 1))
+                when(T, [self.lane == 0] if h.tma else [], T.ptx.mbarrier.arrive.shared.b64(addr, u32(1)))
 
     def iteration(self, it, buf: int) -> None:
         """Folded: decode the slot, issue its 8 wgmmas; ``double``: the previous slot's are done."""
@@ -451,12 +515,12 @@ class _Kernel:
 
     def loop(self) -> None:
         T, h = self.T, self.h
-        if h.ring:  # every thread arrives on both barriers of every slot use
+        if h.ring:  # every thread arrives on both barriers of every slot use (tma: :meth:`_counts`)
             with T.If(self.tx == 0):
                 with T.Then():
                     for i, e in itertools.product(range(h.stages), range(2)):
                         addr = smem_addr(T, self.ring, self._bar(i, e))
-                        T.evaluate(T.ptx.mbarrier.init.shared.b64(addr, u32(128 * h.wg)))
+                        T.evaluate(T.ptx.mbarrier.init.shared.b64(addr, u32(self._counts()[e])))
             T.evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
         for s in range(self.ahead):
             if s < self.iters:

@@ -7,12 +7,13 @@ policy; the kernel and what its hints mean are :mod:`mxgemm.codegen.wgmma_w`.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
 from mxgemm import formats
 from mxgemm.codegen import target as targets
-from mxgemm.codegen.wgmma_w import M_TILES, SPLITS, Hints, applies, kernel
+from mxgemm.codegen.wgmma_w import M_TILES, SPLITS, TMA, Hints, applies, kernel
 from mxgemm.rules.base import Rule, Scheduled, cheapest, cuda_linear
 
 BUCKETS = (64, 128, 256)
@@ -42,8 +43,8 @@ class WgmmaW(Rule):
         if not self._serves(spec):
             return []
         f = formats.get(spec.fmt)
-        space = itertools.product((1, 2, 4), (3, 4, 5), (1, 0), M_TILES, SPLITS, (0, 1))
-        hints = (Hints(*p) for p in space if p[3] <= spec.m_bucket)
+        space = itertools.product((1, 2, 4), (3, 4, 5), (1, 0), M_TILES, SPLITS, (0, 1), TMA)
+        hints = (Hints(*p) for p in space if p[3] <= spec.m_bucket and (p[5] or not p[6]))
         return [
             h
             for h in hints
@@ -59,11 +60,20 @@ class WgmmaW(Rule):
         :func:`_slots` (it idles SMs) and 5% a split (the partial sums' round trip). The mbarrier ring
         (``ring`` 1) took 0.88-0.91x the time with two warpgroups × 128 rows and 1.07-1.19x with one
         × 64; on the H100, two × 128 beat one × 64 at 128-1024 rows on 28672×8192 (hence 1.1 for
-        128-row tiles, not the H200's 1.15; ``wgmma_w-probes-*.jsonl``)."""
+        128-row tiles, not the H200's 1.15; ``wgmma_w-probes-*.jsonl``). Loads by TMA (``tma`` 1: the
+        activations, 2: the codes too) took 0.87x and 0.84x the ring's time with two warpgroups × 128
+        rows at 128-4096 rows on the H100 (5 slots: 1.09x tma 2's time), and nothing off one warpgroup
+        × 64 (``wgmma_w-tma-*.jsonl``)."""
         short = max(1.0, _slots(spec, h) / (_blocks(spec, h) * h.splits))
         measured = (1.0 + 0.1 * (h.wg - 1)) * (1.0 if h.mt == 64 else 1.1) * (1.0 if h.double else 1.15)
         ring = (0.9 if h.wg > 1 else 1.1) if h.ring else 1.0
-        return short * measured * ring * (1.0 + 0.05 * abs(h.stages - 4)) * (1.0 + 0.05 * (h.splits - 1))
+        ring *= (0.9, 0.85)[h.tma - 1] if h.tma and h.wg > 1 else 1.02 if h.tma else 1.0
+        return short * measured * ring * (1.0 + 0.1 * abs(h.stages - 4)) * (1.0 + 0.05 * (h.splits - 1))
+
+    def twins(self, spec: Any, hints: Hints) -> list[Hints]:
+        """``hints`` with its loads by TMA (the ring on, ``tma`` 2), where that is a candidate."""
+        twin = dataclasses.replace(hints, ring=1, tma=2)
+        return [twin] if twin != hints and twin in self.candidates(spec) else []
 
     def default_hints(self, spec: Any) -> Hints | None:
         """The cheapest candidate by :meth:`cost` (the rule is not routed: this seeds the tuner)."""
