@@ -32,15 +32,10 @@ SHAPES = [(28672, 8192), (8192, 8192), (4096, 14336), (4096, 4096)]  # (N, K)
 MS = (64, 128, 256, 512, 1024, 4096)
 CHECK = (256, 512, 200)  # N, K, M
 VARIANTS = [
-    wgmma_w.Hints(1, 4, 1, mt=64),
-    wgmma_w.Hints(1, 4, 1, mt=64, ring=1, tma=1),
-    wgmma_w.Hints(1, 4, 1, mt=64, ring=1, tma=2),
-    wgmma_w.Hints(2, 4, 1, mt=128, ring=1),
-    wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=1),
     wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2),
-    wgmma_w.Hints(2, 5, 1, mt=128, ring=1, tma=2),
-    wgmma_w.Hints(2, 4, 0, mt=128, ring=1, tma=2),
-    wgmma_w.Hints(4, 4, 1, mt=64, ring=1, tma=2),
+    wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2),
+    wgmma_w.Hints(2, 3, 0, mt=256, ring=1, tma=2),
+    wgmma_w.Hints(1, 3, 1, mt=256, ring=1, tma=2),
 ]
 CHECK_FORMATS = [
     ("mxfp4", "float16"),

@@ -28,6 +28,10 @@ def test_applies_names_the_problem():
     assert "K=384 is not a multiple of 256" in wgmma_w.applies(fp4, 256, 384, "float16")
     assert "exceed" in wgmma_w.applies(fp4, 256, 512, "float16", wgmma_w.Hints(2, 6, 1))
     assert "spill" in wgmma_w.applies(fp4, 768, 512, "float16", wgmma_w.Hints(3, 4, 1, mt=128))
+    assert "spill" in wgmma_w.applies(fp4, 768, 512, "float16", wgmma_w.Hints(3, 3, 1, mt=256))
+    assert wgmma_w.applies(fp4, 256, 512, "float16", wgmma_w.Hints(2, 3, 1, mt=256)) is None
+    fp8 = formats.get("mxfp8_e4m3")
+    assert "exceed" in wgmma_w.applies(fp8, 256, 512, "float16", wgmma_w.Hints(2, 3, 1, mt=256))
     split = wgmma_w.Hints(1, 4, 1, mt=64, splits=4)
     assert "K=1536 is not a multiple of 4 ranges of 256" in wgmma_w.applies(fp4, 256, 1536, "float16", split)
     assert wgmma_w.applies(fp4, 256, 2048, "float16", split) is None
@@ -35,7 +39,7 @@ def test_applies_names_the_problem():
     assert wgmma_w.applies(fp4, 256, 512, "float16", ring) is None
     six = wgmma_w.Hints(2, 6, 1, ring=1)
     assert "and the barriers exceed" in wgmma_w.applies(fp4, 256, 512, "float16", six)
-    for bad in (dict(wg=5), dict(mt=256), dict(stages=2), dict(splits=3), dict(ring=2), dict(tma=3)):
+    for bad in (dict(wg=5), dict(mt=512), dict(stages=2), dict(splits=3), dict(ring=2), dict(tma=3)):
         with pytest.raises(ValueError, match="wg 1..4"):
             wgmma_w.Hints(**bad)
     with pytest.raises(ValueError, match="with ring 1"):  # TMA completes on the ring's mbarriers
@@ -62,7 +66,8 @@ def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
     """TMA completes on the ring's barriers: no candidate asks for it without them; a recorded hint
     set's twin is itself with the ring and both loads by TMA (the tuner measures it beside it)."""
     rule = rules.get("wgmma_w")
-    spec = builder.KernelSpec("mxfp4", 28672, 8192, 128, "float16", "float16", False, 32, targets.cuda("sm_90"))
+    sm90 = targets.cuda("sm_90")
+    spec = builder.KernelSpec("mxfp4", 28672, 8192, 128, "float16", "float16", False, 32, sm90)
     cands = rule.candidates(spec)
     assert {h.tma for h in cands} == {0, 1, 2} and all(h.ring for h in cands if h.tma)
     plain = wgmma_w.Hints(2, 4, 1, mt=128)
@@ -82,6 +87,8 @@ def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
         ("mxfp4", "float16", wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=1)),
         ("mxfp4", "bfloat16", wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2)),
         ("mxfp8_e4m3", "float16", wgmma_w.Hints(1, 4, 1, mt=64, splits=2, ring=1, tma=2)),
+        ("mxfp4", "bfloat16", wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2)),
+        ("mxint8", "float16", wgmma_w.Hints(1, 3, 1, mt=256, ring=1, tma=2)),
     ],
 )
 def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
@@ -91,9 +98,13 @@ def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
 
     from mxgemm.codegen.wgmma import TARGET
 
-    ab = {"float16": "f16", "bfloat16": "bf16"}[dtype]
-    f = wgmma_w.kernel(formats.get(fmt), n=512, k=512, out_dtype=dtype, bias=True, a_dtype=dtype, hints=hints)
-    src = builder.compile_export(tvm.IRModule({"main": f}), TARGET, tmp_path / "k.so")["source"]
+    ab, h = {"float16": "f16", "bfloat16": "bf16"}[dtype], hints
+
+    def source(bias: bool) -> str:
+        f = wgmma_w.kernel(formats.get(fmt), n=512, k=512, out_dtype=dtype, bias=bias, a_dtype=dtype, hints=h)
+        return builder.compile_export(tvm.IRModule({"main": f}), TARGET, tmp_path / "k.so")["source"]
+
+    src = source(bias=True)
     assert f"wgmma.mma_async.sync.aligned.m64n{hints.mt}k16.f32.{ab}.{ab}" in src
     assert src.count("__global__") == (4 if hints.splits > 1 else 2)  # declarations and definitions
     assert ("blockIdx.z" in src) == (hints.splits > 1)
@@ -102,7 +113,9 @@ def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
     assert ("cp.async.bulk.tensor.2d" in src) == bool(hints.tma)  # loads by TMA, through tensor maps:
     assert src.count("__grid_constant__ CUtensorMap") == 2 * hints.tma  # declaration and definition
     assert ("cp.async.cg.shared.global" in src) == (hints.tma < 2)  # codes by cp.async
-    ptxas.assert_wgmmas_async_no_spills(src, tmp_path)
+    ptxas.assert_wgmmas_async_no_spills(src, tmp_path, spills=4 if hints.mt == 256 else 0)
+    if hints.mt == 256:  # 4 bytes with a bias (a 128-register accumulator beside it); none without
+        ptxas.assert_wgmmas_async_no_spills(source(bias=False), tmp_path)
 
 
 # ---- on a Hopper GPU (kernels built where TVM can build them) -----------------------------------------
@@ -119,7 +132,8 @@ TMA1 = wgmma_w.Hints(2, 3, 0, mt=128, ring=1, tma=1)  # 150 rows: the second M t
 TMA2 = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2)
 TMA2_SPLIT = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, ring=1, tma=2)
 GPU_TILES = [(wgmma_w.Hints(), 200), (wgmma_w.Hints(1, 4, 1, mt=64), 37), (SPLIT, 77), (RING, 150)]
-GPU_TILES += [(TMA1, 150), (TMA2, 37), (TMA2_SPLIT, 77)]
+BIG = wgmma_w.Hints(1, 3, 1, mt=256, ring=1, tma=2)  # 300 rows: a full M tile and 44 rows of another
+GPU_TILES += [(TMA1, 150), (TMA2, 37), (TMA2_SPLIT, 77), (BIG, 300)]
 # the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu
 PREBUILD = [(f, 256, 512, dt, True, h) for f, dt in GPU_FORMATS for h, _ in GPU_TILES]
 # test_gpu_linear_runs_the_records_kernel's: its record's layer, n, k, bucket and hints
@@ -174,7 +188,7 @@ def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m, unfolded):
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize(("fmt", "dtype"), GPU_FORMATS)
-@pytest.mark.parametrize("hints", [GPU_TILES[1][0], SPLIT, RING, TMA1, TMA2_SPLIT])
+@pytest.mark.parametrize("hints", [GPU_TILES[1][0], SPLIT, RING, TMA1, TMA2_SPLIT, BIG])
 def test_gpu_one_hot_rows_are_bit_exact(fmt, dtype, hints):
     """Activation row i is one 1 at column c_i: output (i, n) is the weight W[n, c_i] itself (rounded
     to the activations' dtype; the bias is zero); split K: the other splits add exact zeros."""

@@ -73,7 +73,11 @@ from mxgemm.codegen.wgmma import (
 STEP = 32  # K per scale block: two k16 wgmmas
 BK = 128  # K per ring slot
 WIDTHS = (4, 8)  # code widths with one bit plane
-M_TILES = (64, 128)  # activation rows a block (256: the unfolded path's fragment would spill)
+M_TILES = (64, 128, 256)  # activation rows a block
+# past 128 activation rows (a 128-register accumulator), a thread loads a step's code words just
+# before decoding it, and the unfolded path decodes a step at a time and runs its wgmmas on 64-row
+# parts of the tile (a 32-register fragment beside the accumulator): no spills
+BIG = 128
 SPLITS = (1, 2, 4, 8)  # K ranges (grid z)
 TMA = (0, 1, 2)  # loads by TMA: none, the activations, the activations and the codes
 
@@ -82,7 +86,7 @@ TMA = (0, 1, 2)  # loads by TMA: none, the activations, the activations and the 
 class Hints:
     """wg: warpgroups per block (1..4), 64 weight rows each; stages: ring slots (3..6); double: 1 to
     decode the next slot while this one's wgmmas run (two fragment sets); mt: activation rows a
-    block (the wgmmas' N: 64 or 128; the grid tiles any M); splits: K ranges run by separate blocks
+    block (the wgmmas' N: 64, 128 or 256; the grid tiles any M); splits: K ranges run by separate blocks
     (1, 2, 4, 8), their partial sums added by a second kernel; ring: how the ring's slots are
     synchronized (0: a block barrier an iteration, 1: mbarriers a slot); tma: what TMA loads
     (``ring`` 1) instead of every thread's ``cp.async``: 0, nothing; 1, the activations; 2, the
@@ -101,7 +105,7 @@ class Hints:
         ok = ok and self.mt in M_TILES and self.splits in SPLITS and self.ring in (0, 1)
         if not ok or self.tma not in TMA or (self.tma and not self.ring):
             raise ValueError(
-                f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 64|128, splits 1|2|4|8, "
+                f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 64|128|256, splits 1|2|4|8, "
                 "ring 0|1, tma 0|1|2 (with ring 1)"
             )
 
@@ -130,8 +134,8 @@ def applies(fmt: formats.Format, n: int, k: int, a_dtype: str, h: Hints = Hints(
     if k % (h.splits * (2 * BK if h.double else BK)):
         per = f"{h.splits} ranges of " if h.splits > 1 else ""
         return f"K={k} is not a multiple of {per}{2 * BK if h.double else BK}"
-    if h.wg * h.mt > 256:  # ptxas: 128-row fragments need ~230 registers a thread, 170 at most at 384 threads
-        return f"{h.wg} warpgroups with an M tile of {h.mt} spill registers (2 at most)"
+    if h.mt > 64 and h.wg > 2:  # ptxas: 128-row tiles need ~200 registers a thread, 256-row ~240
+        return f"{h.wg} warpgroups with an M tile of {h.mt} spill registers (170 at most at 384 threads)"
     if h.smem_bytes(fmt.bits) > SMEM_MAX:
         bars = " and the barriers" if h.ring else ""
         return f"{h.stages} slots of {h.slot_bytes(fmt.bits)[2]} bytes{bars} exceed {SMEM_MAX}"
@@ -185,6 +189,7 @@ class _Kernel:
         self.iters = k // BK // h.splits  # a block's
         self.ahead = h.stages - 2 if h.double else h.stages - 1
         self.frag = h.mt // 2  # fp32 registers of a thread's m64n{mt} fragment
+        self.part = h.mt if h.mt <= BIG else 64  # activation rows of an unfolded path's wgmma
 
     def emit(self) -> None:
         T, h, n, k = self.T, self.h, self.n, self.k
@@ -376,16 +381,19 @@ class _Kernel:
         for out in range(2):
             T.buffer_store(words, perm(word(2 * out), word(2 * out + 1), pick), [u, r, out])
 
-    def decode(self, slot, buf: int, fold: bool) -> None:
-        """This thread's fragments of the slot's 4 steps into ``afr[buf]``: codes of its two rows,
+    def decode(self, slot, buf: int, fold: bool, steps=range(BK // STEP)) -> None:
+        """This thread's fragments of the slot's ``steps`` into ``afr[buf]``: codes of its two rows,
         pairs decoded and (``fold``) multiplied by their folded block scale."""
         T = self.T
         words = T.alloc_buffer((BK // STEP, 2, 2), "uint32", scope="local")
-        for r, u in itertools.product(range(2), range(BK // STEP)):
+        late = self.m_tile > BIG  # a step's words loaded just before its decode
+        for r, u in itertools.product(range(2), [] if late else steps):
             self.lane_words(slot, self.row(r), u, words, r)
         sc = self.scale_words(slot) if fold else None
         fma = T.ptx.fma.rn.f16x2 if self.a_dtype == "float16" else T.ptx.fma.rn.bf16x2
-        for u in range(BK // STEP):
+        for u in steps:
+            for r in range(2) if late else []:
+                self.lane_words(slot, self.row(r), u, words, r)
             if fold:
                 fac = [
                     self.code(sc, r, u) * u32(self.fold.mul) + tirx.BufferLoad(self.fold_add, [r])
@@ -415,17 +423,19 @@ class _Kernel:
     def code(sc, r: int, u: int):
         return (tirx.BufferLoad(sc, [r]) >> u32(8 * u)) & u32(255)
 
-    def mma(self, slot, buf: int, steps=range(BK // STEP), into=None) -> None:
+    def mma(self, slot, buf: int, steps=range(BK // STEP), into=None, part: int = 0) -> None:
         """The wgmmas (2 k16 a step) of the slot's ``steps`` into the accumulator, or ``into`` (a
-        fragment the first of them overwrites), one commit group."""
+        fragment the first of them overwrites: the tile's activation rows ``part * self.part`` on,
+        :attr:`part` of them), one commit group."""
         T = self.T
         ab = {"float16": "f16", "bfloat16": "bf16"}[self.a_dtype]
-        op = T.ptx[f"wgmma.mma_async.sync.aligned.m64n{self.m_tile}k16.f32.{ab}.{ab}"]
-        regs = [tirx.BufferLoad(self.acc if into is None else into, [i]) for i in range(self.frag)]
+        cols = self.m_tile if into is None else self.part
+        op = T.ptx[f"wgmma.mma_async.sync.aligned.m64n{cols}k16.f32.{ab}.{ab}"]
+        regs = [tirx.BufferLoad(self.acc if into is None else into, [i]) for i in range(cols // 2)]
         T.evaluate(T.ptx.wgmma.fence.sync.aligned())
         for n_, (u, g) in enumerate(itertools.product(steps, range(2))):
             kk = 2 * u + g  # k16 slice of the slot: half kk // 4, 32 bytes each
-            start = self._addr(slot, (kk // 4) * self.m_tile * ROW + (kk % 4) * 32)
+            start = self._addr(slot, (kk // 4) * self.m_tile * ROW + part * cols * ROW + (kk % 4) * 32)
             a = [tirx.BufferLoad(self.afr, [buf, u, g, q]) for q in range(4)]
             acc_in = tirx.const(into is None or n_ > 0, "bool")
             T.evaluate(op(*regs, *a, descriptor(T, self.desc, 0, start), acc_in, 1, 1, 0))
@@ -499,18 +509,22 @@ class _Kernel:
         T, h = self.T, self.h
         slot = it % h.stages
         self.head(it)
-        self.decode(slot, 0, fold=False)
+        big = self.m_tile > BIG
+        if not big:
+            self.decode(slot, 0, fold=False)
         sc = self.scale_words(slot)
-        for u in range(BK // STEP):
-            self.mma(slot, 0, steps=[u], into=self.tmp)
+        part = self.part // 2  # the fragment's registers of a part of the activation rows
+        for u, p in itertools.product(range(BK // STEP), range(self.frag // part)):
+            if big and p == 0:
+                self.decode(slot, 0, fold=False, steps=[u])
+            self.mma(slot, 0, steps=[u], into=self.tmp, part=p)
             T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
-            fence_regs(T, [tirx.BufferLoad(self.tmp, [i]) for i in range(self.frag)])
+            fence_regs(T, [tirx.BufferLoad(self.tmp, [i]) for i in range(part)])
             scale = [scale_expr(self.code(sc, r, u)) for r in range(2)]
-            for idx in range(self.frag):
-                val = (
-                    tirx.BufferLoad(self.acc, [idx]) + tirx.BufferLoad(self.tmp, [idx]) * scale[idx // 2 % 2]
-                )
-                T.buffer_store(self.acc, val, [idx])
+            for idx in range(part):
+                val = tirx.BufferLoad(self.acc, [p * part + idx])
+                val = val + tirx.BufferLoad(self.tmp, [idx]) * scale[idx // 2 % 2]
+                T.buffer_store(self.acc, val, [p * part + idx])
         self.release(it)
 
     def loop(self) -> None:
@@ -540,7 +554,7 @@ class _Kernel:
                         self.iteration(it, 0)
                 T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
             with T.Else():
-                self.tmp = T.alloc_buffer((self.frag,), "float32", scope="local")
+                self.tmp = T.alloc_buffer((self.part // 2,), "float32", scope="local")
                 with T.serial(0, self.iters) as it:
                     self.plain_iteration(it)
 

@@ -63,9 +63,11 @@ class WgmmaW(Rule):
         128-row tiles, not the H200's 1.15; ``wgmma_w-probes-*.jsonl``). Loads by TMA (``tma`` 1: the
         activations, 2: the codes too) took 0.87x and 0.84x the ring's time with two warpgroups × 128
         rows at 128-4096 rows on the H100 (5 slots: 1.09x tma 2's time), and nothing off one warpgroup
-        × 64 (``wgmma_w-tma-*.jsonl``)."""
+        × 64 (``wgmma_w-tma-*.jsonl``). Two warpgroups × 256 rows (3 slots) took 0.77x the time of ×
+        128 at 256 rows on 28672×8192, 0.74-0.79x at 512-4096 rows (``wgmma_w-mt256-*.jsonl``)."""
         short = max(1.0, _slots(spec, h) / (_blocks(spec, h) * h.splits))
-        measured = (1.0 + 0.1 * (h.wg - 1)) * (1.0 if h.mt == 64 else 1.1) * (1.0 if h.double else 1.15)
+        tile = {64: 1.0, 128: 1.1, 256: 0.85}[h.mt]
+        measured = (1.0 + 0.1 * (h.wg - 1)) * tile * (1.0 if h.double else 1.15)
         ring = (0.9 if h.wg > 1 else 1.1) if h.ring else 1.0
         ring *= (0.9, 0.85)[h.tma - 1] if h.tma and h.wg > 1 else 1.02 if h.tma else 1.0
         return short * measured * ring * (1.0 + 0.1 * abs(h.stages - 4)) * (1.0 + 0.05 * (h.splits - 1))
