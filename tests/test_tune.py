@@ -56,10 +56,11 @@ def test_tasks_cover_the_tunable_buckets(cpu_arch):
     assert notes == ["4096,4096 M=4096: decode + cuBLAS, no hints to tune: skipped"]
     # 256 rows: decode + cuBLAS while the log has no fused record there; the fused rule is tuned
     # against it (a decode candidate), and past 256 rows decode + cuBLAS is all there is
-    bf16, notes = tune.tasks([(4096, 4096)], ["mxfp4"], (16, 256, 512), "bfloat16", "sm_90")
+    # (a shape with no record in the shipped log)
+    bf16, notes = tune.tasks([(2048, 4096)], ["mxfp4"], (16, 256, 512), "bfloat16", "sm_90")
     assert [(t.m_bucket, tune.rule_of(t)) for t in bf16] == [(16, "mma"), (256, "mma")]  # bf16 mmas
-    assert ops.plan(256, "sm_90", "mxfp4", 4096, 4096, "bfloat16", 32)[0] == "decode"
-    assert notes == ["4096,4096 M=512: decode + cuBLAS, no hints to tune: skipped"]
+    assert ops.plan(256, "sm_90", "mxfp4", 2048, 4096, "bfloat16", 32)[0] == "decode"
+    assert notes == ["2048,4096 M=512: decode + cuBLAS, no hints to tune: skipped"]
     cpu_tasks, notes = tune.tasks([(64, 256)], ["mxfp4"], (1, 4096), "float16", cpu_arch)
     assert [t.m_bucket for t in cpu_tasks] == [1] and tune.rule_of(cpu_tasks[0]) == "cpu_gemv"  # the GEMV
     assert notes == ["64,256 M=4096: decode + torch's GEMM, no hints to tune: skipped"]
