@@ -50,19 +50,19 @@ PROBE_HINTS = [wgmma_w.Hints(1, 3, 1, mt=64), wgmma_w.Hints(2, 4, 1, mt=128), wg
 
 
 class _NoDecode(wgmma_w._Kernel):
-    def decode(self, slot, buf: int, fold: bool) -> None:
+    def decode(self, slot, buf: int, fold: bool, steps=range(wgmma_w.BK // wgmma_w.STEP)) -> None:
         from mxgemm.codegen.decode import u32
 
         words = self.T.alloc_buffer((wgmma_w.BK // wgmma_w.STEP, 2, 2), "uint32", scope="local")
-        for r, u in itertools.product(range(2), range(wgmma_w.BK // wgmma_w.STEP)):
+        for r, u in itertools.product(range(2), steps):
             self.lane_words(slot, self.row(r), u, words, r)
-        for u, g, q in itertools.product(range(wgmma_w.BK // wgmma_w.STEP), range(2), range(4)):
+        for u, g, q in itertools.product(steps, range(2), range(4)):
             word = tirx.BufferLoad(words, [u, q % 2, g]) & u32(0x3F7F3F7F)  # finite halves
             self.T.buffer_store(self.afr, word, [buf, u, g, q])
 
 
 class _NoMma(wgmma_w._Kernel):
-    def mma(self, slot, buf: int, steps=range(wgmma_w.BK // wgmma_w.STEP), into=None) -> None:
+    def mma(self, slot, buf: int, steps=range(wgmma_w.BK // wgmma_w.STEP), into=None, part: int = 0) -> None:
         for n_, (u, g, q) in enumerate(itertools.product(steps, range(2), range(4))):
             i = n_ % self.frag
             bits = tirx.reinterpret("float32", tirx.BufferLoad(self.afr, [buf, u, g, q]))
