@@ -44,6 +44,14 @@ def test_applies_names_the_problem():
             wgmma_w.Hints(**bad)
     with pytest.raises(ValueError, match="with ring 1"):  # TMA completes on the ring's mbarriers
         wgmma_w.Hints(tma=1)
+    for bad in (dict(sk=1), dict(sk=1, ring=1, splits=2), dict(sk=3, ring=1)):  # stream-K: ring, unsplit
+        with pytest.raises(ValueError, match="sk 0|1|2"):
+            wgmma_w.Hints(**bad)
+    sk = wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, sk=1)
+    assert "stream-K with an M tile of 256 spills" in wgmma_w.applies(fp4, 256, 512, "float16", sk)
+    two = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=2)  # 165 KB a block: one an SM
+    assert "two blocks of 168960 bytes" in wgmma_w.applies(fp4, 256, 512, "float16", two)
+    assert wgmma_w.applies(fp4, 256, 512, "float16", wgmma_w.Hints(1, 4, 1, mt=64, ring=1, sk=2)) is None
 
 
 def test_split_k_runs_only_where_the_grid_is_short():
@@ -57,7 +65,8 @@ def test_split_k_runs_only_where_the_grid_is_short():
 
     short = spec(4096, 4096, 64)
     assert {h.splits for h in rule.candidates(short)} == {1, 2, 4, 8}
-    assert rule.default_hints(short).splits > 1
+    assert min((h for h in rule.candidates(short) if not h.sk), key=lambda h: rule.cost(short, h)).splits > 1
+    assert rule.default_hints(short).sk  # stream-K fills the SMs without splitting every tile
     assert {h.splits for h in rule.candidates(spec(28672, 8192, 64)) if h.wg == 1} == {1}
     assert rule.default_hints(spec(28672, 8192, 64)).splits == 1
 
@@ -71,9 +80,24 @@ def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
     cands = rule.candidates(spec)
     assert {h.tma for h in cands} == {0, 1, 2} and all(h.ring for h in cands if h.tma)
     plain = wgmma_w.Hints(2, 4, 1, mt=128)
-    assert rule.twins(spec, plain) == [wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2)]
-    assert rule.twins(spec, rule.twins(spec, plain)[0]) == []
+    tma = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2)
+    # and stream-K on 1 block an SM (2 do not fit the shared memory)
+    assert rule.twins(spec, plain) == [tma, wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1)]
+    assert rule.twins(spec, tma) == [wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1)]
+    small = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, ring=1, tma=1)  # (no split on this grid: not its TMA twin)
+    assert rule.twins(spec, small) == [wgmma_w.Hints(1, 4, 1, mt=64, ring=1, tma=1, sk=sk) for sk in (1, 2)]
     assert rule.default_hints(spec).tma == 2  # what the H100 measured fastest with two warpgroups
+
+
+def test_stream_k_costs_the_work_where_waves_quantize():
+    """224 blocks of a tile on 132 SMs run 2 waves for 1.7 waves' work: the cost model charges the
+    whole waves, stream-K (a grid of the SMs sharing the tiles' K iterations) the work alone."""
+    rule = rules.get("wgmma_w")
+    sm90 = targets.cuda("sm_90")
+    spec = builder.KernelSpec("mxfp4", 28672, 8192, 128, "float16", "float16", False, 32, sm90)
+    tiles = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2)
+    persistent = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1)
+    assert rule.cost(spec, tiles) / rule.cost(spec, persistent) == pytest.approx(2 / (224 / 132) / 1.03)
 
 
 @pytest.mark.nvcc
@@ -89,11 +113,15 @@ def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
         ("mxfp8_e4m3", "float16", wgmma_w.Hints(1, 4, 1, mt=64, splits=2, ring=1, tma=2)),
         ("mxfp4", "bfloat16", wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2)),
         ("mxint8", "float16", wgmma_w.Hints(1, 3, 1, mt=256, ring=1, tma=2)),
+        ("mxfp4", "float16", wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1)),
+        ("mxfp8_e4m3", "bfloat16", wgmma_w.Hints(1, 4, 1, mt=64, ring=1, tma=2, sk=2)),
+        ("mxint8", "float16", wgmma_w.Hints(2, 3, 0, mt=128, ring=1, sk=1)),
     ],
 )
 def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
-    """Also: a split K is two kernels, the second adding the splits' partial sums in split order; the
-    mbarrier ring waits on barriers instead of a block barrier an iteration."""
+    """Also: a split K is two kernels, the second adding the splits' partial sums in split order (and
+    stream-K, the second adding the shared tiles' parts); the mbarrier ring waits on barriers instead
+    of a block barrier an iteration."""
     import tvm
 
     from mxgemm.codegen.wgmma import TARGET
@@ -106,8 +134,9 @@ def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
 
     src = source(bias=True)
     assert f"wgmma.mma_async.sync.aligned.m64n{hints.mt}k16.f32.{ab}.{ab}" in src
-    assert src.count("__global__") == (4 if hints.splits > 1 else 2)  # declarations and definitions
+    assert src.count("__global__") == (4 if hints.splits > 1 or hints.sk else 2)  # declared and defined
     assert ("blockIdx.z" in src) == (hints.splits > 1)
+    assert ("blockIdx.y" in src) == (not hints.sk)  # stream-K: one grid dimension, the SMs
     assert ("cp.async.mbarrier.arrive.noinc" in src) == bool(hints.ring)
     assert ("cp.async.wait_group" in src) == (not hints.ring)
     assert ("cp.async.bulk.tensor.2d" in src) == bool(hints.tma)  # loads by TMA, through tensor maps:
@@ -134,6 +163,13 @@ TMA2_SPLIT = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, ring=1, tma=2)
 GPU_TILES = [(wgmma_w.Hints(), 200), (wgmma_w.Hints(1, 4, 1, mt=64), 37), (SPLIT, 77), (RING, 150)]
 BIG = wgmma_w.Hints(1, 3, 1, mt=256, ring=1, tma=2)  # 300 rows: a full M tile and 44 rows of another
 GPU_TILES += [(TMA1, 150), (TMA2, 37), (TMA2_SPLIT, 77), (BIG, 300)]
+# stream-K on 256×512: 150 rows, 4 tiles of 2 units, a block a unit (every tile in 2 parts); 77 rows,
+# 8 tiles of 4 units, 264 blocks at most (4 parts); 3000 rows, 188 tiles of 4 units on 132 blocks
+# (5-6 units a block: whole tiles between parts)
+SK1 = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1)
+SK2 = wgmma_w.Hints(1, 4, 0, mt=64, ring=1, tma=1, sk=2)
+SK_LONG = wgmma_w.Hints(1, 4, 0, mt=64, ring=1, sk=1)
+GPU_TILES += [(SK1, 150), (SK2, 77), (SK_LONG, 3000)]
 # the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu
 PREBUILD = [(f, 256, 512, dt, True, h) for f, dt in GPU_FORMATS for h, _ in GPU_TILES]
 # test_gpu_linear_runs_the_records_kernel's: its record's layer, n, k, bucket and hints
@@ -188,7 +224,7 @@ def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m, unfolded):
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize(("fmt", "dtype"), GPU_FORMATS)
-@pytest.mark.parametrize("hints", [GPU_TILES[1][0], SPLIT, RING, TMA1, TMA2_SPLIT, BIG])
+@pytest.mark.parametrize("hints", [GPU_TILES[1][0], SPLIT, RING, TMA1, TMA2_SPLIT, BIG, SK1, SK2])
 def test_gpu_one_hot_rows_are_bit_exact(fmt, dtype, hints):
     """Activation row i is one 1 at column c_i: output (i, n) is the weight W[n, c_i] itself (rounded
     to the activations' dtype; the bias is zero); split K: the other splits add exact zeros."""

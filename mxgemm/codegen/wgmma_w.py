@@ -43,6 +43,15 @@ Split K (``Hints.splits`` > 1, for grids short of the SMs): grid z takes a K ran
 fp32 partial sums, already brought to scale, into a workspace ``[splits, m, n]``; a second kernel
 adds them in split order (deterministic) with the bias and writes Y. Every split scans its rows'
 whole scale codes, so all agree on the fold.
+
+Stream-K (``Hints.sk`` 1 or 2, on the mbarrier ring): a persistent grid of ``sk`` blocks an SM (no
+more than there is work) instead of a block a tile, so the last wave does not idle SMs. The tiles'
+K iterations (tiles in N-major order, a tile's M tiles adjacent) are cut into units (two iterations
+with ``double``) and each block takes an equal contiguous run of them: whole tiles in the middle,
+written to Y, and parts of at most two at its ends. The ring runs on across a block's tiles. A part's
+fp32 sums, brought to scale, go to a workspace ``[blocks, 2, mt, 64 wg]`` (the block's first and
+last tile); a second kernel adds a shared tile's parts in block order (deterministic) with the bias.
+Every part scans its rows' whole scale codes, so all agree on the fold.
 """
 
 from __future__ import annotations
@@ -56,6 +65,7 @@ from tvm import tirx
 
 from mxgemm import formats
 from mxgemm.codegen import pairs
+from mxgemm.codegen import target as targets
 from mxgemm.codegen.decode import scale_expr, u32
 from mxgemm.codegen.wgmma import (
     ROW,
@@ -80,6 +90,8 @@ M_TILES = (64, 128, 256)  # activation rows a block
 BIG = 128
 SPLITS = (1, 2, 4, 8)  # K ranges (grid z)
 TMA = (0, 1, 2)  # loads by TMA: none, the activations, the activations and the codes
+SK = (0, 1, 2)  # stream-K: off, or a persistent grid of 1 or 2 blocks an SM
+SM_SMEM = 228 * 1024  # shared memory of an SM (1 KB of it reserved a block)
 
 
 @dataclass(frozen=True)
@@ -90,7 +102,8 @@ class Hints:
     (1, 2, 4, 8), their partial sums added by a second kernel; ring: how the ring's slots are
     synchronized (0: a block barrier an iteration, 1: mbarriers a slot); tma: what TMA loads
     (``ring`` 1) instead of every thread's ``cp.async``: 0, nothing; 1, the activations; 2, the
-    activations and the codes."""
+    activations and the codes; sk: stream-K (``ring`` 1, no ``splits``): 0, a block a tile; 1 or 2, a
+    persistent grid of that many blocks an SM sharing out the tiles' K iterations evenly."""
 
     wg: int = 2
     stages: int = 4
@@ -99,14 +112,16 @@ class Hints:
     splits: int = 1
     ring: int = 0
     tma: int = 0
+    sk: int = 0
 
     def __post_init__(self) -> None:
         ok = self.wg in (1, 2, 3, 4) and 3 <= self.stages <= 6 and self.double in (0, 1)
         ok = ok and self.mt in M_TILES and self.splits in SPLITS and self.ring in (0, 1)
+        ok = ok and self.sk in SK and (not self.sk or (self.ring and self.splits == 1))
         if not ok or self.tma not in TMA or (self.tma and not self.ring):
             raise ValueError(
                 f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 64|128|256, splits 1|2|4|8, "
-                "ring 0|1, tma 0|1|2 (with ring 1)"
+                "ring 0|1, tma 0|1|2 (with ring 1), sk 0|1|2 (with ring 1 and splits 1)"
             )
 
     def to_dict(self) -> dict[str, int]:
@@ -139,6 +154,10 @@ def applies(fmt: formats.Format, n: int, k: int, a_dtype: str, h: Hints = Hints(
     if h.smem_bytes(fmt.bits) > SMEM_MAX:
         bars = " and the barriers" if h.ring else ""
         return f"{h.stages} slots of {h.slot_bytes(fmt.bits)[2]} bytes{bars} exceed {SMEM_MAX}"
+    if h.sk and h.mt > BIG:  # ptxas: the persistent loop's ~20 more registers do not fit beside 128
+        return f"stream-K with an M tile of {h.mt} spills registers"
+    if h.sk == 2 and 2 * (h.smem_bytes(fmt.bits) + 1024) > SM_SMEM:
+        return f"two blocks of {h.smem_bytes(fmt.bits)} bytes of shared memory do not fit an SM (sk 2)"
     return None
 
 
@@ -190,6 +209,10 @@ class _Kernel:
         self.ahead = h.stages - 2 if h.double else h.stages - 1
         self.frag = h.mt // 2  # fp32 registers of a thread's m64n{mt} fragment
         self.part = h.mt if h.mt <= BIG else 64  # activation rows of an unfolded path's wgmma
+        self.unit = 2 if h.double else 1  # iterations of a stream-K unit (double: a trip's two)
+        self.ctas = targets.sm_count("sm_90") * h.sk  # blocks of a stream-K grid (at most)
+        self.c0 = 0  # the ring's count at the first iteration of the block's current tile
+        self.part_of = None  # stream-K: (block, workspace slot, the tile run whole?) of the current tile
 
     def emit(self) -> None:
         T, h, n, k = self.T, self.h, self.n, self.k
@@ -201,11 +224,18 @@ class _Kernel:
         self.Bias = T.match_buffer(bias_h, (n,), self.out_dtype) if self.bias else None
         self.Y = T.match_buffer(y_h, (m, n), self.out_dtype)
 
-        # split K: the partial sums of split z, brought to scale (fp32 [splits, m, n])
+        # split K: the partial sums of split z, brought to scale (fp32 [splits, m, n]); stream-K: a
+        # block's parts of its first and last tile (fp32 [blocks, 2, mt, 64 wg])
         self.ws = T.alloc_buffer((h.splits, m, n), "float32", scope="global") if h.splits > 1 else None
+        if h.sk:
+            self.ws = T.alloc_buffer((self.ctas, 2, h.mt, 64 * h.wg), "float32", scope="global")
         self.tmaps = self.tensor_maps() if h.tma else None
         bx, by, tx = T.env_thread("blockIdx.x"), T.env_thread("blockIdx.y"), T.env_thread("threadIdx.x")
         m_tiles = tirx.Cast("int32", (m + (self.m_tile - 1)) // self.m_tile)
+        if h.sk:
+            self.stream_k(bx, tx, m_tiles)
+            self.fixup()
+            return
         with contextlib.ExitStack() as launch:
             launch.enter_context(T.launch_thread(bx, m_tiles))
             launch.enter_context(T.launch_thread(by, n // (64 * h.wg)))
@@ -214,20 +244,119 @@ class _Kernel:
                 self.z = T.env_thread("blockIdx.z")
                 launch.enter_context(T.launch_thread(self.z, h.splits))
             launch.enter_context(T.launch_thread(tx, 128 * h.wg))
-            self.tx, self.m0, self.n0 = tx, tirx.Cast("int64", bx) * self.m_tile, by * (64 * h.wg)
-            self.wg, self.warp, self.lane = tx // 128, tx % 128 // 32, tx % 32
-            self.quad, self.j = self.lane // 4, self.lane % 4
-            self.ring = T.alloc_buffer((h.smem_bytes(self.w) // 16,), "uint32x4", scope="shared.dyn")
-            self.acc = T.alloc_buffer((self.frag,), "float32", scope="local")
-            self.afr = T.alloc_buffer((1 + h.double, BK // STEP, 2, 4), "uint32", scope="local")
-            self.desc = T.alloc_buffer((1,), "uint64", scope="local")
-            for i in range(self.frag):
-                T.buffer_store(self.acc, tirx.const(0.0, "float32"), [i])
+            self.m0, self.n0 = tirx.Cast("int64", bx) * self.m_tile, by * (64 * h.wg)
+            self.block_buffers(tx)
+            self.zero_acc()
             self.rows_fold()
-            self.loop()
+            self.prologue()
+            self.loop(self.iters)
             self.epilogue()
         if h.splits > 1:
             self.add_splits()
+
+    def block_buffers(self, tx) -> None:
+        """The thread's coordinates, the ring, the accumulator, the fragments and the descriptor."""
+        T, h = self.T, self.h
+        self.tx = tx
+        self.wg, self.warp, self.lane = tx // 128, tx % 128 // 32, tx % 32
+        self.quad, self.j = self.lane // 4, self.lane % 4
+        self.ring = T.alloc_buffer((h.smem_bytes(self.w) // 16,), "uint32x4", scope="shared.dyn")
+        self.acc = T.alloc_buffer((self.frag,), "float32", scope="local")
+        self.afr = T.alloc_buffer((1 + h.double, BK // STEP, 2, 4), "uint32", scope="local")
+        self.desc = T.alloc_buffer((1,), "uint64", scope="local")
+
+    def zero_acc(self) -> None:
+        for i in range(self.frag):
+            self.T.buffer_store(self.acc, tirx.const(0.0, "float32"), [i])
+
+    # ---- stream-K ------------------------------------------------------------------------------
+
+    def sk_grid(self, m_tiles):
+        """Stream-K: the tiles (int64), the units, the blocks launched (the grid, at most a unit each)
+        and a unit's block ``g(x) = ((x + 1) blocks - 1) // units``: block ``b`` takes the units from
+        ``b units // blocks``."""
+        tiles = tirx.Cast("int64", m_tiles) * (self.n // (64 * self.h.wg))
+        units = tiles * (self.k // BK // self.unit)
+        blocks = tirx.min(tirx.const(self.ctas, "int64"), units)
+        return tiles, units, blocks
+
+    def tile_origin(self, tile, m_tiles):
+        """The first activation row (int64) and weight row (int32) of ``tile`` (int32, N-major)."""
+        return tirx.Cast("int64", tile % m_tiles) * self.m_tile, tile // m_tiles * (64 * self.h.wg)
+
+    def stream_k(self, bx, tx, m_tiles) -> None:
+        """The persistent kernel: block ``bx``'s units, tile by tile (a part of its first and last, whole
+        ones between), one ring throughout."""
+        T, h = self.T, self.h
+        per_tile = self.k // BK // self.unit  # units
+        _, units, blocks = self.sk_grid(m_tiles)
+        with T.launch_thread(bx, tirx.Cast("int32", blocks)), T.launch_thread(tx, 128 * h.wg):
+            self.block_buffers(tx)
+            g = tirx.Cast("int64", bx)
+            u0 = T.Bind(tirx.Cast("int32", g * units // blocks))  # the block's units: [u0, u1)
+            u1 = T.Bind(tirx.Cast("int32", (g + 1) * units // blocks))
+            self.x0 = u0 * self.unit  # the block's first iteration of the tiles' whole run
+            self.iters = T.Bind((u1 - u0) * self.unit)
+            self.zero_acc()  # (once: ptxas serializes the wgmmas where the loop writes the registers)
+            self.m_tiles = m_tiles
+            first = u0 // per_tile
+            self.prologue()
+            with T.serial(0, (u1 - 1) // per_tile - first + 1) as v:
+                tile = T.Bind(first + v)
+                lo = T.Bind(tirx.max(u0, tile * per_tile))
+                hi = T.Bind(tirx.min(u1, (tile + 1) * per_tile))
+                self.m0, self.n0 = (T.Bind(x) for x in self.tile_origin(tile, m_tiles))
+                self.c0 = T.Bind((lo - u0) * self.unit)
+                slot = tirx.Select(v == 0, tirx.const(0, "int32"), tirx.const(1, "int32"))
+                self.part_of = (bx, slot, hi - lo == per_tile)
+                self.rows_fold()
+                self.loop((hi - lo) * self.unit)
+                self.epilogue()
+
+    def coords(self, it):
+        """The activation row and weight row (the tile's origin) and the K iteration that ring count
+        ``it`` loads."""
+        if not self.h.sk:
+            if self.z is not None:  # the block's K range
+                it = self.z * self.iters + it
+            return self.m0, self.n0, it
+        per = self.k // BK
+        x = self.x0 + it
+        m0, n0 = self.tile_origin(x // per, self.m_tiles)
+        return m0, n0, x % per
+
+    def fixup(self) -> None:
+        """The second kernel of stream-K: each tile that blocks share gets their parts added in block
+        order, plus the bias (a block a tile; tiles one block ran whole are left as written)."""
+        T, h, m = self.T, self.h, self.m
+        bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+        m_tiles = tirx.Cast("int32", (m + (self.m_tile - 1)) // self.m_tile)
+        per_tile = self.k // BK // self.unit
+        tiles, units, blocks = self.sk_grid(m_tiles)
+        cols = 64 * h.wg
+        with T.launch_thread(bx, tirx.Cast("int32", tiles)), T.launch_thread(tx, 256):
+            t = tirx.Cast("int64", bx)
+            owner = lambda x: ((x + 1) * blocks - 1) // units  # noqa: E731
+            g0, g1 = T.Bind(owner(t * per_tile)), T.Bind(owner((t + 1) * per_tile - 1))
+            m0, n0 = self.tile_origin(tirx.Cast("int32", bx), m_tiles)
+            slot = lambda g: tirx.Select(  # noqa: E731
+                (g * units // blocks) // per_tile == t, tirx.const(0, "int64"), tirx.const(1, "int64")
+            )
+            with T.If(g0 != g1):
+                with T.Then():
+                    with T.serial(0, h.mt * cols // 256) as e:
+                        i = e * 256 + tx
+                        row, col = i // cols, i % cols
+                        with T.If(m0 + row < m):
+                            with T.Then():  # the parts added into the first block's, in block order
+                                at = [g0, slot(g0), row, col]
+                                with T.serial(g0 + 1, g1 + 1) as g:
+                                    part = tirx.BufferLoad(self.ws, [g, slot(g), row, col])
+                                    T.buffer_store(self.ws, tirx.BufferLoad(self.ws, at) + part, at)
+                                val = tirx.BufferLoad(self.ws, at)
+                                if self.bias:
+                                    val = val + tirx.Cast("float32", tirx.BufferLoad(self.Bias, [n0 + col]))
+                                T.buffer_store(self.Y, tirx.Cast(self.out_dtype, val), [m0 + row, n0 + col])
 
     # ---- the rows' fold ------------------------------------------------------------------------
 
@@ -294,15 +423,16 @@ class _Kernel:
             maps.append(tmap)
         return maps
 
-    def tma_issue(self, it, slot) -> None:
+    def tma_issue(self, m0, n0, it, slot) -> None:
         """Thread 0: the slot's ``full`` barrier expects the bytes, and TMA loads the activations'
-        two halves (and, ``tma`` 2, the codes) of iteration ``it`` into ``slot``."""
+        two halves (and, ``tma`` 2, the codes) of K iteration ``it`` of the tile at ``m0, n0`` into
+        ``slot``."""
         T, h, mt = self.T, self.h, self.m_tile
         full = smem_addr(T, self.ring, self._bar(slot, 0))
         chain = T.ptx["cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"]
-        loads = [(half * mt * ROW, 0, it * BK + 64 * half, self.m0) for half in range(2)]
+        loads = [(half * mt * ROW, 0, it * BK + 64 * half, m0) for half in range(2)]
         if h.tma == 2:
-            loads.append((self.codes_off, 1, it * 16 * self.w, self.n0))
+            loads.append((self.codes_off, 1, it * 16 * self.w, n0))
         size = 2 * mt * ROW + (64 * h.wg * 16 * self.w if h.tma == 2 else 0)
         with T.If(self.tx == 0):
             with T.Then():
@@ -324,33 +454,33 @@ class _Kernel:
         return self.codes_off + row * 16 * self.w + tirx.bitwise_xor(chunk, key % pieces) * 16
 
     def issue(self, it, slot) -> None:
-        """``cp.async`` of iteration ``it``'s activations, codes and scale codes into ``slot``."""
+        """``cp.async`` (and TMA) of the activations, codes and scale codes of ring count ``it`` (its
+        tile and K iteration: :meth:`coords`) into ``slot``."""
         T, h, tx = self.T, self.h, self.tx
-        if self.z is not None:  # the block's K range
-            it = self.z * self.iters + it
+        m0, n0, it = self.coords(it)
         cp16 = T.ptx["cp.async.cg.shared.global"]
         threads = 128 * h.wg
         if h.tma:
-            self.tma_issue(it, slot)
+            self.tma_issue(m0, n0, it, slot)
         # activations: 16 chunks a row (128 K of 2 bytes), two swizzled halves of 64 K
         for r in range(0 if h.tma else -(-self.m_tile * 16 // threads)):
             i = tx + threads * r
             row, c16 = i // 16, i % 16
             dst = self._addr(slot, (c16 // 8) * self.m_tile * ROW + swizzled(row, c16 % 8))
-            conds = [self.m0 + row < self.m]
+            conds = [m0 + row < self.m]
             if self.m_tile * 16 < threads * (r + 1):
                 conds.insert(0, i < self.m_tile * 16)
-            when(T, conds, cp16(dst, self.A.ptr_to([self.m0 + row, it * BK + 8 * c16]), 16))
+            when(T, conds, cp16(dst, self.A.ptr_to([m0 + row, it * BK + 8 * c16]), 16))
         # codes: w chunks a row
         rows = 64 * h.wg
         for r in range(0 if h.tma == 2 else -(-rows * self.w // threads)):
             i = tx + threads * r
             row, c = i // self.w, i % self.w
-            src = self.B.ptr_to([self.n0 + row, it * 16 * self.w + 16 * c])
+            src = self.B.ptr_to([n0 + row, it * 16 * self.w + 16 * c])
             conds = [i < rows * self.w] if rows * self.w < threads * (r + 1) else []
             when(T, conds, cp16(self._addr(slot, self._code_chunk(row, c)), src, 16))
         # scale codes: 4 bytes a row
-        src = self.S.ptr_to([self.n0 + tx, it * (BK // STEP)])
+        src = self.S.ptr_to([n0 + tx, it * (BK // STEP)])
         dst = self._addr(slot, self.scales_off + 4 * tx)
         when(T, [tx < rows] if rows < threads else [], T.ptx["cp.async.ca.shared.global"](dst, src, 4))
 
@@ -423,13 +553,14 @@ class _Kernel:
     def code(sc, r: int, u: int):
         return (tirx.BufferLoad(sc, [r]) >> u32(8 * u)) & u32(255)
 
-    def mma(self, slot, buf: int, steps=range(BK // STEP), into=None, part: int = 0) -> None:
-        """The wgmmas (2 k16 a step) of the slot's ``steps`` into the accumulator, or ``into`` (a
-        fragment the first of them overwrites: the tile's activation rows ``part * self.part`` on,
-        :attr:`part` of them), one commit group."""
+    def mma(self, slot, buf: int, steps=range(BK // STEP), into=None, part: int = 0, fresh=None) -> None:
+        """The wgmmas (2 k16 a step) of the slot's ``steps`` into the accumulator (the first of them
+        overwrites it where ``fresh``, a runtime condition), or ``into`` (a fragment the first of them
+        overwrites: the tile's activation rows ``part * self.part`` on, :attr:`part` of them), one
+        commit group."""
         T = self.T
         ab = {"float16": "f16", "bfloat16": "bf16"}[self.a_dtype]
-        cols = self.m_tile if into is None else self.part
+        cols = self.m_tile if into is None or into is self.acc else self.part
         op = T.ptx[f"wgmma.mma_async.sync.aligned.m64n{cols}k16.f32.{ab}.{ab}"]
         regs = [tirx.BufferLoad(self.acc if into is None else into, [i]) for i in range(cols // 2)]
         T.evaluate(T.ptx.wgmma.fence.sync.aligned())
@@ -438,6 +569,8 @@ class _Kernel:
             start = self._addr(slot, (kk // 4) * self.m_tile * ROW + part * cols * ROW + (kk % 4) * 32)
             a = [tirx.BufferLoad(self.afr, [buf, u, g, q]) for q in range(4)]
             acc_in = tirx.const(into is None or n_ > 0, "bool")
+            if fresh is not None and n_ == 0:
+                acc_in = tirx.Not(fresh)
             T.evaluate(op(*regs, *a, descriptor(T, self.desc, 0, start), acc_in, 1, 1, 0))
         T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
 
@@ -487,7 +620,7 @@ class _Kernel:
         T, h = self.T, self.h
         if not h.ring:
             return
-        with T.If(it >= 0):
+        with T.If(it >= self.c0):  # stream-K: the tile's own (the last one's was released)
             with T.Then():
                 addr = smem_addr(T, self.ring, self._bar(it % h.stages, 1))
                 when(T, [self.lane == 0] if h.tma else [], T.ptx.mbarrier.arrive.shared.b64(addr, u32(1)))
@@ -498,7 +631,7 @@ class _Kernel:
         slot = it % h.stages
         self.head(it)
         self.decode(slot, buf, fold=True)
-        self.mma(slot, buf)
+        self.mma(slot, buf, fresh=it == self.c0 if h.sk else None)
         # double: the previous slot's wgmmas are done (their fragments and slot free), this one's run on
         T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(1 if h.double else 0))
         self.release(it - 1 if h.double else it)
@@ -513,21 +646,33 @@ class _Kernel:
         if not big:
             self.decode(slot, 0, fold=False)
         sc = self.scale_words(slot)
-        part = self.part // 2  # the fragment's registers of a part of the activation rows
+        # stream-K: a step's wgmmas overwrite the accumulator, added to the workspace (ptxas serializes
+        # the wgmmas of a loop in which other instructions write their accumulator)
+        tmp = self.acc if h.sk else self.tmp
+        part = self.frag if h.sk else self.part // 2  # the fragment's registers of a part of the rows
         for u, p in itertools.product(range(BK // STEP), range(self.frag // part)):
             if big and p == 0:
                 self.decode(slot, 0, fold=False, steps=[u])
-            self.mma(slot, 0, steps=[u], into=self.tmp, part=p)
+            self.mma(slot, 0, steps=[u], into=tmp, part=p)
             T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
-            fence_regs(T, [tirx.BufferLoad(self.tmp, [i]) for i in range(part)])
+            fence_regs(T, [tirx.BufferLoad(tmp, [i]) for i in range(part)])
             scale = [scale_expr(self.code(sc, r, u)) for r in range(2)]
             for idx in range(part):
-                val = tirx.BufferLoad(self.acc, [p * part + idx])
-                val = val + tirx.BufferLoad(self.tmp, [idx]) * scale[idx // 2 % 2]
-                T.buffer_store(self.acc, val, [p * part + idx])
+                acc = self.sums(p * part + idx)
+                val = tirx.BufferLoad(*acc) + tirx.BufferLoad(tmp, [idx]) * scale[idx // 2 % 2]
+                T.buffer_store(acc[0], val, acc[1])
         self.release(it)
 
-    def loop(self) -> None:
+    def sums(self, a: int):
+        """Where the unfolded path adds accumulator register ``a``'s sums: the register, or (stream-K)
+        the element of the tile's workspace slot (the tile's parts are written there anyway)."""
+        if not self.h.sk:
+            return self.acc, [a]
+        g, slot, _ = self.part_of
+        return self.ws, [g, slot, 8 * (a // 4) + 2 * self.j + a % 2, self.row(a // 2 % 2)]
+
+    def prologue(self) -> None:
+        """The ring's barriers set up (``ring`` 1) and its first ``ahead`` slots issued."""
         T, h = self.T, self.h
         if h.ring:  # every thread arrives on both barriers of every slot use (tma: :meth:`_counts`)
             with T.If(self.tx == 0):
@@ -537,43 +682,81 @@ class _Kernel:
                         T.evaluate(T.ptx.mbarrier.init.shared.b64(addr, u32(self._counts()[e])))
             T.evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
         for s in range(self.ahead):
-            if s < self.iters:
+            if not h.sk and s < self.iters:
                 self.issue(s, s)
+            elif h.sk:
+                with T.If(s < self.iters):
+                    with T.Then():
+                        self.issue(s, s)
             if h.ring:
                 self._arrive_full(s)
             else:
                 T.evaluate(T.ptx["cp.async.commit_group"]())
+
+    def loop(self, iters) -> None:
+        """The K loop over ``iters`` iterations from ring count :attr:`c0`, folded or not as the block
+        voted; stream-K: the last slot released (the next tile's loop runs on)."""
+        T, h = self.T, self.h
+        at = (lambda i: i) if h.sk == 0 else (lambda i: self.c0 + i)  # noqa: E731
         with T.If(tirx.BufferLoad(self.fast, [0]) != 0):
             with T.Then():
                 if h.double:  # two iterations a trip: the fragment sets stay static registers
-                    with T.serial(0, self.iters // 2) as it2:
+                    with T.serial(0, iters // 2) as it2:
                         for b in range(2):
-                            self.iteration(2 * it2 + b, b)
+                            self.iteration(at(2 * it2 + b), b)
                 else:
-                    with T.serial(0, self.iters) as it:
-                        self.iteration(it, 0)
+                    with T.serial(0, iters) as it:
+                        self.iteration(at(it), 0)
                 T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+                if h.sk and h.double:
+                    self.release(at(iters - 1))
             with T.Else():
-                self.tmp = T.alloc_buffer((self.part // 2,), "float32", scope="local")
-                with T.serial(0, self.iters) as it:
-                    self.plain_iteration(it)
+                if not h.sk:
+                    self.tmp = T.alloc_buffer((self.part // 2,), "float32", scope="local")
+                for a in range(self.frag if h.sk else 0):  # (folded, a tile's first wgmma zeroes them)
+                    buf, at_ = self.sums(a)
+                    T.buffer_store(buf, tirx.const(0.0, "float32"), at_)
+                with T.serial(0, iters) as it:
+                    self.plain_iteration(at(it))
 
     def epilogue(self) -> None:
+        """The tile's sums brought to scale: to Y (with the bias), to split ``z``'s workspace, or
+        (stream-K) to Y where the block ran the tile whole, else to its slot of the workspace."""
+        if self.part_of is not None:
+            g, slot, whole = self.part_of
+            with self.T.If(whole):
+                with self.T.Then():
+                    self._store(lambda row, col, val: self._to_y(row, col, val, bias=True))
+                with self.T.Else():
+                    ws = lambda row, col, val: self.T.buffer_store(  # noqa: E731
+                        self.ws, val, [g, slot, row - self.m0, col - self.n0]
+                    )
+                    self._store(ws)
+            return
+        if self.ws is None:
+            self._store(lambda row, col, val: self._to_y(row, col, val, bias=True))
+        else:
+            self._store(lambda row, col, val: self.T.buffer_store(self.ws, val, [self.z, row, col]))
+
+    def _to_y(self, row, col, val, bias: bool) -> None:
+        if self.bias and bias:
+            val = val + tirx.Cast("float32", tirx.BufferLoad(self.Bias, [col]))
+        self.T.buffer_store(self.Y, tirx.Cast(self.out_dtype, val), [row, col])
+
+    def _store(self, put) -> None:
+        """``put(row, col, value)`` of each of the thread's sums (within M), brought to scale."""
         T = self.T
         for jn, i, c in itertools.product(range(self.m_tile // 8), range(2), range(2)):
             col = self.n0 + self.row(i)
             row = self.m0 + 8 * jn + 2 * self.j + c
-            val = tirx.ldexp(
-                tirx.BufferLoad(self.acc, [4 * jn + 2 * i + c]), tirx.BufferLoad(self.out_exp, [i])
-            )
-            if self.bias and self.ws is None:
-                val = val + tirx.Cast("float32", tirx.BufferLoad(self.Bias, [col]))
+            a = 4 * jn + 2 * i + c
+            val = tirx.BufferLoad(self.acc, [a])
+            if self.h.sk:  # an unfolded tile's sums are in the workspace
+                val = tirx.Select(self.fast[0] != 0, val, tirx.BufferLoad(*self.sums(a)))
+            val = tirx.ldexp(val, tirx.BufferLoad(self.out_exp, [i]))
             with T.If(row < self.m):
                 with T.Then():
-                    if self.ws is None:
-                        T.buffer_store(self.Y, tirx.Cast(self.out_dtype, val), [row, col])
-                    else:
-                        T.buffer_store(self.ws, val, [self.z, row, col])
+                    put(row, col, val)
 
     def add_splits(self) -> None:
         """The second kernel of a split K: Y = the splits' partial sums added in split order, plus the

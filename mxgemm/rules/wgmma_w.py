@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from typing import Any
 
 from mxgemm import formats
 from mxgemm.codegen import target as targets
-from mxgemm.codegen.wgmma_w import M_TILES, SPLITS, TMA, Hints, applies, kernel
+from mxgemm.codegen.wgmma_w import M_TILES, SK, SPLITS, TMA, Hints, applies, kernel
 from mxgemm.rules.base import Rule, Scheduled, cheapest, cuda_linear
 
 BUCKETS = (64, 128, 256)
@@ -38,13 +39,14 @@ class WgmmaW(Rule):
 
     def candidates(self, spec: Any) -> list[Hints]:
         """Every hint set whose M tile is at most the bucket, that tiles the shape and fits the
-        shared memory, split K only while the halved split's grid is short of :func:`_slots`
-        (deterministic order)."""
+        shared memory, split K only while the halved split's grid is short of :func:`_slots`, TMA and
+        stream-K on the mbarrier ring, stream-K unsplit (deterministic order)."""
         if not self._serves(spec):
             return []
         f = formats.get(spec.fmt)
-        space = itertools.product((1, 2, 4), (3, 4, 5), (1, 0), M_TILES, SPLITS, (0, 1), TMA)
-        hints = (Hints(*p) for p in space if p[3] <= spec.m_bucket and (p[5] or not p[6]))
+        space = itertools.product((1, 2, 4), (3, 4, 5), (1, 0), M_TILES, SPLITS, (0, 1), TMA, SK)
+        ok = lambda p: p[3] <= spec.m_bucket and (p[5] or not p[6]) and (not p[7] or (p[5] and p[4] == 1))  # noqa: E731
+        hints = (Hints(*p) for p in space if ok(p))
         return [
             h
             for h in hints
@@ -64,8 +66,12 @@ class WgmmaW(Rule):
         activations, 2: the codes too) took 0.87x and 0.84x the ring's time with two warpgroups × 128
         rows at 128-4096 rows on the H100 (5 slots: 1.09x tma 2's time), and nothing off one warpgroup
         × 64 (``wgmma_w-tma-*.jsonl``). Two warpgroups × 256 rows (3 slots) took 0.77x the time of ×
-        128 at 256 rows on 28672×8192, 0.74-0.79x at 512-4096 rows (``wgmma_w-mt256-*.jsonl``)."""
-        short = max(1.0, _slots(spec, h) / (_blocks(spec, h) * h.splits))
+        128 at 256 rows on 28672×8192, 0.74-0.79x at 512-4096 rows (``wgmma_w-mt256-*.jsonl``).
+        A grid of a block a tile takes its waves whole (224 blocks on 132 SMs: 2 waves for 1.7 waves'
+        work, 1.18x); stream-K takes the work alone, plus 3% (its loop and the shared tiles' fixup),
+        5% more where its grid is not the blocks an SM holds."""
+        waves = _blocks(spec, h) * h.splits / _slots(spec, h)
+        short = math.ceil(waves) / waves if not h.sk else 1.03 * (1.0 if h.sk == _per_sm(h) else 1.05)
         tile = {64: 1.0, 128: 1.1, 256: 0.85}[h.mt]
         measured = (1.0 + 0.1 * (h.wg - 1)) * tile * (1.0 if h.double else 1.15)
         ring = (0.9 if h.wg > 1 else 1.1) if h.ring else 1.0
@@ -73,9 +79,12 @@ class WgmmaW(Rule):
         return short * measured * ring * (1.0 + 0.1 * abs(h.stages - 4)) * (1.0 + 0.05 * (h.splits - 1))
 
     def twins(self, spec: Any, hints: Hints) -> list[Hints]:
-        """``hints`` with its loads by TMA (the ring on, ``tma`` 2), where that is a candidate."""
-        twin = dataclasses.replace(hints, ring=1, tma=2)
-        return [twin] if twin != hints and twin in self.candidates(spec) else []
+        """``hints`` with its loads by TMA (the ring on, ``tma`` 2), and that unsplit on a stream-K
+        grid of 1 and 2 blocks an SM, where those are candidates."""
+        twins = [dataclasses.replace(hints, ring=1, tma=2)]
+        twins += [dataclasses.replace(hints, ring=1, tma=hints.tma or 2, splits=1, sk=sk) for sk in SK[1:]]
+        cands = self.candidates(spec)
+        return [t for t in dict.fromkeys(twins) if t != hints and t in cands]
 
     def default_hints(self, spec: Any) -> Hints | None:
         """The cheapest candidate by :meth:`cost` (the rule is not routed: this seeds the tuner)."""
@@ -101,9 +110,14 @@ def _blocks(spec: Any, h: Hints) -> int:
     return spec.n // (64 * h.wg) * -(-spec.m_bucket // h.mt)
 
 
+def _per_sm(h: Hints) -> int:
+    """Blocks an SM runs at once: 2 with one warpgroup, else 1."""
+    return 2 if h.wg == 1 else 1
+
+
 def _slots(spec: Any, h: Hints) -> int:
-    """Blocks the GPU runs at once: 2 an SM with one warpgroup, else 1."""
-    return targets.sm_count(spec.target["arch"]) * (2 if h.wg == 1 else 1)
+    """Blocks the GPU runs at once."""
+    return targets.sm_count(spec.target["arch"]) * _per_sm(h)
 
 
 RULE = WgmmaW()
