@@ -92,6 +92,7 @@ SPLITS = (1, 2, 4, 8)  # K ranges (grid z)
 TMA = (0, 1, 2)  # loads by TMA: none, the activations, the activations and the codes
 SK = (0, 1, 2)  # stream-K: off, or a persistent grid of 1 or 2 blocks an SM
 SM_SMEM = 228 * 1024  # shared memory of an SM (1 KB of it reserved a block)
+FIX = 8  # outputs a thread of the stream-K fixup
 
 
 @dataclass(frozen=True)
@@ -282,7 +283,8 @@ class _Kernel:
 
     def tile_origin(self, tile, m_tiles):
         """The first activation row (int64) and weight row (int32) of ``tile`` (int32, N-major)."""
-        return tirx.Cast("int64", tile % m_tiles) * self.m_tile, tile // m_tiles * (64 * self.h.wg)
+        mi, ni = tirx.truncmod(tile, m_tiles), tirx.truncdiv(tile, m_tiles)
+        return tirx.Cast("int64", mi) * self.m_tile, ni * (64 * self.h.wg)
 
     def stream_k(self, bx, tx, m_tiles) -> None:
         """The persistent kernel: block ``bx``'s units, tile by tile (a part of its first and last, whole
@@ -299,9 +301,12 @@ class _Kernel:
             self.iters = T.Bind((u1 - u0) * self.unit)
             self.zero_acc()  # (once: ptxas serializes the wgmmas where the loop writes the registers)
             self.m_tiles = m_tiles
-            first = u0 // per_tile
+            # the tile of the last issue and its origin (:meth:`coords`)
+            self.issued = T.alloc_buffer((3,), "int32", scope="local")
+            T.buffer_store(self.issued, tirx.const(-1, "int32"), [0])
+            first = tirx.truncdiv(u0, per_tile)
             self.prologue()
-            with T.serial(0, (u1 - 1) // per_tile - first + 1) as v:
+            with T.serial(0, tirx.truncdiv(u1 - 1, per_tile) - first + 1) as v:
                 tile = T.Bind(first + v)
                 lo = T.Bind(tirx.max(u0, tile * per_tile))
                 hi = T.Bind(tirx.min(u1, (tile + 1) * per_tile))
@@ -320,43 +325,56 @@ class _Kernel:
             if self.z is not None:  # the block's K range
                 it = self.z * self.iters + it
             return self.m0, self.n0, it
-        per = self.k // BK
+        T, per = self.T, self.k // BK
         x = self.x0 + it
-        m0, n0 = self.tile_origin(x // per, self.m_tiles)
-        return m0, n0, x % per
+        tile = tirx.truncdiv(x, per)
+        with T.If(tile != self.issued[0]):  # a new tile: its origin (a division by the M tiles)
+            with T.Then():
+                T.buffer_store(self.issued, tile, [0])
+                for i, v in enumerate(self.tile_origin(tile, self.m_tiles)):
+                    T.buffer_store(self.issued, tirx.Cast("int32", v), [i + 1])
+        m0 = tirx.Cast("int64", tirx.BufferLoad(self.issued, [1]))
+        return m0, tirx.BufferLoad(self.issued, [2]), tirx.truncmod(x, per)
 
     def fixup(self) -> None:
         """The second kernel of stream-K: each tile that blocks share gets their parts added in block
-        order, plus the bias (a block a tile; tiles one block ran whole are left as written)."""
+        order, plus the bias (blocks of :data:`FIX` × 256 outputs of a tile, :data:`FIX` a thread, 256
+        apart; tiles one block ran whole are left as written). Block ``g0``, the first on the tile,
+        holds its part in its last slot unless the tile is its first; the others hold it in slot 0."""
         T, h, m = self.T, self.h, self.m
-        bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+        bx, by, tx = T.env_thread("blockIdx.x"), T.env_thread("blockIdx.y"), T.env_thread("threadIdx.x")
         m_tiles = tirx.Cast("int32", (m + (self.m_tile - 1)) // self.m_tile)
         per_tile = self.k // BK // self.unit
         tiles, units, blocks = self.sk_grid(m_tiles)
         cols = 64 * h.wg
-        with T.launch_thread(bx, tirx.Cast("int32", tiles)), T.launch_thread(tx, 256):
-            t = tirx.Cast("int64", bx)
-            owner = lambda x: ((x + 1) * blocks - 1) // units  # noqa: E731
-            g0, g1 = T.Bind(owner(t * per_tile)), T.Bind(owner((t + 1) * per_tile - 1))
-            m0, n0 = self.tile_origin(tirx.Cast("int32", bx), m_tiles)
-            slot = lambda g: tirx.Select(  # noqa: E731
-                (g * units // blocks) // per_tile == t, tirx.const(0, "int64"), tirx.const(1, "int64")
-            )
-            with T.If(g0 != g1):
-                with T.Then():
-                    with T.serial(0, h.mt * cols // 256) as e:
-                        i = e * 256 + tx
-                        row, col = i // cols, i % cols
-                        with T.If(m0 + row < m):
-                            with T.Then():  # the parts added into the first block's, in block order
-                                at = [g0, slot(g0), row, col]
-                                with T.serial(g0 + 1, g1 + 1) as g:
-                                    part = tirx.BufferLoad(self.ws, [g, slot(g), row, col])
-                                    T.buffer_store(self.ws, tirx.BufferLoad(self.ws, at) + part, at)
-                                val = tirx.BufferLoad(self.ws, at)
-                                if self.bias:
-                                    val = val + tirx.Cast("float32", tirx.BufferLoad(self.Bias, [n0 + col]))
-                                T.buffer_store(self.Y, tirx.Cast(self.out_dtype, val), [m0 + row, n0 + col])
+        with T.launch_thread(bx, tirx.Cast("int32", tiles)), T.launch_thread(by, h.mt * cols // (256 * FIX)):
+            with T.launch_thread(tx, 256):
+                u = tirx.Cast("int64", bx) * per_tile  # the tile's first unit
+                owner = lambda x: tirx.truncdiv((x + 1) * blocks - 1, units)  # noqa: E731
+                g0, g1 = T.Bind(owner(u)), T.Bind(owner(u + per_tile - 1))
+                first = T.Bind(tirx.Select(tirx.truncdiv(g0 * units, blocks) == u, 0, 1))  # g0's slot
+                m0, n0 = self.tile_origin(tirx.Cast("int32", bx), m_tiles)
+                acc = T.alloc_buffer((FIX,), "float32", scope="local")
+                at = [((by * FIX + e) * 256 + tx) for e in range(FIX)]  # the outputs' places in the tile
+                with T.If(g0 != g1):
+                    with T.Then():
+                        for e in range(FIX):
+                            part = tirx.BufferLoad(self.ws, [g0, first, at[e] // cols, at[e] % cols])
+                            T.buffer_store(acc, part, [e])
+                        with T.serial(g0 + 1, g1 + 1) as g:
+                            for e in range(FIX):
+                                part = tirx.BufferLoad(self.ws, [g, 0, at[e] // cols, at[e] % cols])
+                                T.buffer_store(acc, acc[e] + part, [e])
+                        for e in range(FIX):
+                            row, col = at[e] // cols, at[e] % cols
+                            val = acc[e]
+                            if self.bias:
+                                val = val + tirx.Cast("float32", tirx.BufferLoad(self.Bias, [n0 + col]))
+                            with T.If(m0 + row < m):
+                                with T.Then():
+                                    T.buffer_store(
+                                        self.Y, tirx.Cast(self.out_dtype, val), [m0 + row, n0 + col]
+                                    )
 
     # ---- the rows' fold ------------------------------------------------------------------------
 
@@ -378,7 +396,8 @@ class _Kernel:
         for r in range(2):
             T.buffer_store(hi, u32(0), [r])
             T.buffer_store(lo, u32(0xFFFFFFFF), [r])
-        with T.serial(0, -(-words // 4)) as i:
+        # (stream-K scans at every tile: its loads issued back to back)
+        with (T.unroll if self.h.sk else T.serial)(0, -(-words // 4)) as i:
             w = self.j + 4 * i
             with T.If(w < words):
                 with T.Then():
