@@ -6,6 +6,7 @@ unfolded (rows whose scales span more binades than the fold allows, NaN scales),
 rows bit for bit (which also pins the K order each lane gathers from the portable codes).
 """
 
+import re
 import subprocess
 
 import numpy as np
@@ -84,7 +85,7 @@ def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
     # and stream-K on 1 block an SM (2 do not fit the shared memory)
     assert rule.twins(spec, plain) == [tma, wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1)]
     assert rule.twins(spec, tma) == [wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1)]
-    small = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, ring=1, tma=1)  # (no split on this grid: not its TMA twin)
+    small = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, ring=1, tma=1)  # (no split here: no TMA twin)
     assert rule.twins(spec, small) == [wgmma_w.Hints(1, 4, 1, mt=64, ring=1, tma=1, sk=sk) for sk in (1, 2)]
     assert rule.default_hints(spec).tma == 2  # what the H100 measured fastest with two warpgroups
 
@@ -136,7 +137,8 @@ def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
     assert f"wgmma.mma_async.sync.aligned.m64n{hints.mt}k16.f32.{ab}.{ab}" in src
     assert src.count("__global__") == (4 if hints.splits > 1 or hints.sk else 2)  # declared and defined
     assert ("blockIdx.z" in src) == (hints.splits > 1)
-    assert ("blockIdx.y" in src) == (not hints.sk)  # stream-K: one grid dimension, the SMs
+    main = re.search(r"main_kernel\([^;{]*\{(.*?)(extern \"C\"|$)", src, re.S).group(1)  # its definition
+    assert ("blockIdx.y" in main) == (not hints.sk)  # stream-K: one grid dimension (the SMs)
     assert ("cp.async.mbarrier.arrive.noinc" in src) == bool(hints.ring)
     assert ("cp.async.wait_group" in src) == (not hints.ring)
     assert ("cp.async.bulk.tensor.2d" in src) == bool(hints.tma)  # loads by TMA, through tensor maps:
