@@ -86,7 +86,10 @@ def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
     assert rule.twins(spec, plain) == [tma, wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1)]
     assert rule.twins(spec, tma) == [wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1)]
     small = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, ring=1, tma=1)  # (no split here: no TMA twin)
-    assert rule.twins(spec, small) == [wgmma_w.Hints(1, 4, 1, mt=64, ring=1, tma=1, sk=sk) for sk in (1, 2)]
+    assert rule.twins(spec, small) == [  # and on 128-row tiles (two such blocks do not fit an SM)
+        *(wgmma_w.Hints(1, 4, 1, mt=64, ring=1, tma=1, sk=sk) for sk in (1, 2)),
+        wgmma_w.Hints(1, 4, 1, mt=128, ring=1, tma=1, sk=1),
+    ]
     assert rule.default_hints(spec).tma == 2  # what the H100 measured fastest with two warpgroups
 
 
