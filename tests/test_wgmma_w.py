@@ -46,7 +46,7 @@ def test_applies_names_the_problem():
     with pytest.raises(ValueError, match="with ring 1"):  # TMA completes on the ring's mbarriers
         wgmma_w.Hints(tma=1)
     for bad in (dict(sk=1), dict(sk=1, ring=1, splits=2), dict(sk=3, ring=1)):  # stream-K: ring, unsplit
-        with pytest.raises(ValueError, match="sk 0|1|2"):
+        with pytest.raises(ValueError, match=r"sk 0\|1\|2 \(with ring 1 and splits 1\)"):
             wgmma_w.Hints(**bad)
     sk = wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, sk=1)
     assert "stream-K with an M tile of 256 spills" in wgmma_w.applies(fp4, 256, 512, "float16", sk)
