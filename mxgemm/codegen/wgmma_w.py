@@ -745,7 +745,7 @@ class _Kernel:
             g, slot, whole = self.part_of
             with self.T.If(whole):
                 with self.T.Then():
-                    self._store(lambda row, col, val: self._to_y(row, col, val, bias=True))
+                    self._store(self._to_y)
                 with self.T.Else():
                     ws = lambda row, col, val: self.T.buffer_store(  # noqa: E731
                         self.ws, val, [g, slot, row - self.m0, col - self.n0]
@@ -753,12 +753,13 @@ class _Kernel:
                     self._store(ws)
             return
         if self.ws is None:
-            self._store(lambda row, col, val: self._to_y(row, col, val, bias=True))
+            self._store(self._to_y)
         else:
             self._store(lambda row, col, val: self.T.buffer_store(self.ws, val, [self.z, row, col]))
 
-    def _to_y(self, row, col, val, bias: bool) -> None:
-        if self.bias and bias:
+    def _to_y(self, row, col, val) -> None:
+        """Y's element at ``row, col`` = ``val`` plus the bias (if any)."""
+        if self.bias:
             val = val + tirx.Cast("float32", tirx.BufferLoad(self.Bias, [col]))
         self.T.buffer_store(self.Y, tirx.Cast(self.out_dtype, val), [row, col])
 
