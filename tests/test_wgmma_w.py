@@ -6,6 +6,7 @@ unfolded (rows whose scales span more binades than the fold allows, NaN scales),
 rows bit for bit (which also pins the K order each lane gathers from the portable codes).
 """
 
+import dataclasses
 import re
 import subprocess
 
@@ -48,6 +49,9 @@ def test_applies_names_the_problem():
     for bad in (dict(sk=1), dict(sk=1, ring=1, splits=2), dict(sk=3, ring=1)):  # stream-K: ring, unsplit
         with pytest.raises(ValueError, match=r"sk 0\|1\|2 \(with ring 1 and splits 1\)"):
             wgmma_w.Hints(**bad)
+    for bad in (dict(prod=1, ring=1, tma=1), dict(prod=2, ring=1, tma=2)):  # warp 0 refills: TMA's ring
+        with pytest.raises(ValueError, match=r"prod 0\|1 \(with tma 2\)"):
+            wgmma_w.Hints(**bad)
     sk = wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, sk=1)
     assert "stream-K with an M tile of 256 spills" in wgmma_w.applies(fp4, 256, 512, "float16", sk)
     two = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=2)  # 165 KB a block: one an SM
@@ -80,11 +84,13 @@ def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
     spec = builder.KernelSpec("mxfp4", 28672, 8192, 128, "float16", "float16", False, 32, sm90)
     cands = rule.candidates(spec)
     assert {h.tma for h in cands} == {0, 1, 2} and all(h.ring for h in cands if h.tma)
+    assert all(h.tma == 2 for h in cands if h.prod) and any(h.prod for h in cands)
     plain = wgmma_w.Hints(2, 4, 1, mt=128)
     tma = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2)
+    warp0 = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, prod=1)  # warp 0 alone refills the ring
     # and stream-K on 1 block an SM (2 do not fit the shared memory)
-    assert rule.twins(spec, plain) == [tma, wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1)]
-    assert rule.twins(spec, tma) == [wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1)]
+    assert rule.twins(spec, plain) == [tma, warp0, wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1)]
+    assert rule.twins(spec, tma) == [warp0, wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1)]
     small = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, ring=1, tma=1)  # (no split here: no TMA twin)
     assert rule.twins(spec, small) == [  # and on 128-row tiles (two such blocks do not fit an SM)
         *(wgmma_w.Hints(1, 4, 1, mt=64, ring=1, tma=1, sk=sk) for sk in (1, 2)),
@@ -102,6 +108,9 @@ def test_stream_k_costs_the_work_where_waves_quantize():
     tiles = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2)
     persistent = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1)
     assert rule.cost(spec, tiles) / rule.cost(spec, persistent) == pytest.approx(2 / (224 / 132) / 1.03)
+    warp0 = dataclasses.replace(tiles, prod=1)  # warp 0 alone refilling the ring: measured 0.97x
+    assert rule.cost(spec, warp0) / rule.cost(spec, tiles) == pytest.approx(0.97)
+    assert rule.cost(spec, dataclasses.replace(persistent, prod=1)) == rule.cost(spec, persistent)
 
 
 @pytest.mark.nvcc
@@ -120,6 +129,8 @@ def test_stream_k_costs_the_work_where_waves_quantize():
         ("mxfp4", "float16", wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1)),
         ("mxfp8_e4m3", "bfloat16", wgmma_w.Hints(1, 4, 1, mt=64, ring=1, tma=2, sk=2)),
         ("mxint8", "float16", wgmma_w.Hints(2, 3, 0, mt=128, ring=1, sk=1)),
+        ("mxfp4", "float16", wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=1)),
+        ("mxfp8_e5m2", "bfloat16", wgmma_w.Hints(1, 4, 1, mt=64, ring=1, tma=2, sk=2, prod=1)),
     ],
 )
 def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
@@ -175,6 +186,10 @@ SK1 = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1)
 SK2 = wgmma_w.Hints(1, 4, 0, mt=64, ring=1, tma=1, sk=2)
 SK_LONG = wgmma_w.Hints(1, 4, 0, mt=64, ring=1, sk=1)
 GPU_TILES += [(SK1, 150), (SK2, 77), (SK_LONG, 3000)]
+# warp 0 alone refills the ring: 256-row tiles; stream-K of 64-row tiles (two lanes' rows a lane)
+PROD = wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=1)
+PROD_SK = wgmma_w.Hints(1, 4, 1, mt=64, ring=1, tma=2, sk=2, prod=1)
+GPU_TILES += [(PROD, 300), (PROD_SK, 77)]
 # the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu
 PREBUILD = [(f, 256, 512, dt, True, h) for f, dt in GPU_FORMATS for h, _ in GPU_TILES]
 # test_gpu_linear_runs_the_records_kernel's: its record's layer, n, k, bucket and hints
@@ -229,7 +244,9 @@ def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m, unfolded):
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize(("fmt", "dtype"), GPU_FORMATS)
-@pytest.mark.parametrize("hints", [GPU_TILES[1][0], SPLIT, RING, TMA1, TMA2_SPLIT, BIG, SK1, SK2])
+@pytest.mark.parametrize(
+    "hints", [GPU_TILES[1][0], SPLIT, RING, TMA1, TMA2_SPLIT, BIG, SK1, SK2, PROD, PROD_SK]
+)
 def test_gpu_one_hot_rows_are_bit_exact(fmt, dtype, hints):
     """Activation row i is one 1 at column c_i: output (i, n) is the weight W[n, c_i] itself (rounded
     to the activations' dtype; the bias is zero); split K: the other splits add exact zeros."""

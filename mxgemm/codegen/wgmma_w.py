@@ -36,8 +36,10 @@ a block loads them with ``cp.async.bulk.tensor`` through tensor maps the host en
 (activations: boxes of 64 K × ``mt`` rows, 128-byte swizzle, rows past M read as zeros; codes: a
 row's bytes of the slot × the block's rows, the 64- or 128-byte swizzle that is the chunks' XOR
 above), completing on the slot's ``full`` barrier (``expect_tx``); the other threads issue only
-the scale codes' copies. (Multicasting the activations to a cluster of 2 or 4 blocks along N lost
-to one block's loads on every shape and M measured on an H100.)
+the scale codes' copies. With ``Hints.prod``, warp 0 alone refills the ring (its lanes copy the scale
+codes): only it waits for the slot it refills to be empty, the other warps only for slots to fill.
+(Multicasting the activations to a cluster of 2 or 4 blocks along N lost to one block's loads on every
+shape and M measured on an H100.)
 
 Split K (``Hints.splits`` > 1, for grids short of the SMs): grid z takes a K range each and writes its
 fp32 partial sums, already brought to scale, into a workspace ``[splits, m, n]``; a second kernel
@@ -91,6 +93,7 @@ BIG = 128
 SPLITS = (1, 2, 4, 8)  # K ranges (grid z)
 TMA = (0, 1, 2)  # loads by TMA: none, the activations, the activations and the codes
 SK = (0, 1, 2)  # stream-K: off, or a persistent grid of 1 or 2 blocks an SM
+PROD = (0, 1)  # who refills the ring (tma 2): every thread, or warp 0 alone
 SM_SMEM = 228 * 1024  # shared memory of an SM (1 KB of it reserved a block)
 FIX = 8  # outputs a thread of the stream-K fixup
 
@@ -104,7 +107,9 @@ class Hints:
     synchronized (0: a block barrier an iteration, 1: mbarriers a slot); tma: what TMA loads
     (``ring`` 1) instead of every thread's ``cp.async``: 0, nothing; 1, the activations; 2, the
     activations and the codes; sk: stream-K (``ring`` 1, no ``splits``): 0, a block a tile; 1 or 2, a
-    persistent grid of that many blocks an SM sharing out the tiles' K iterations evenly."""
+    persistent grid of that many blocks an SM sharing out the tiles' K iterations evenly; prod (``tma``
+    2): who refills the ring: 0, every thread (each waits for the slot it refills to be empty); 1,
+    warp 0 alone (its lanes copy the scale codes), the other warps only waiting for slots to fill."""
 
     wg: int = 2
     stages: int = 4
@@ -114,15 +119,18 @@ class Hints:
     ring: int = 0
     tma: int = 0
     sk: int = 0
+    prod: int = 0
 
     def __post_init__(self) -> None:
         ok = self.wg in (1, 2, 3, 4) and 3 <= self.stages <= 6 and self.double in (0, 1)
         ok = ok and self.mt in M_TILES and self.splits in SPLITS and self.ring in (0, 1)
         ok = ok and self.sk in SK and (not self.sk or (self.ring and self.splits == 1))
+        ok = ok and self.prod in PROD and (not self.prod or self.tma == 2)
         if not ok or self.tma not in TMA or (self.tma and not self.ring):
             raise ValueError(
                 f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 64|128|256, splits 1|2|4|8, "
-                "ring 0|1, tma 0|1|2 (with ring 1), sk 0|1|2 (with ring 1 and splits 1)"
+                "ring 0|1, tma 0|1|2 (with ring 1), sk 0|1|2 (with ring 1 and splits 1), "
+                "prod 0|1 (with tma 2)"
             )
 
     def to_dict(self) -> dict[str, int]:
@@ -498,10 +506,17 @@ class _Kernel:
             src = self.B.ptr_to([n0 + row, it * 16 * self.w + 16 * c])
             conds = [i < rows * self.w] if rows * self.w < threads * (r + 1) else []
             when(T, conds, cp16(self._addr(slot, self._code_chunk(row, c)), src, 16))
-        # scale codes: 4 bytes a row
+        # scale codes: 4 bytes a row (prod: warp 0's lanes, a row each 32)
+        cp4 = T.ptx["cp.async.ca.shared.global"]
+        if h.prod:
+            for r in range(rows // 32):
+                row = self.lane + 32 * r
+                src = self.S.ptr_to([n0 + row, it * (BK // STEP)])
+                T.evaluate(cp4(self._addr(slot, self.scales_off + 4 * row), src, 4))
+            return
         src = self.S.ptr_to([n0 + tx, it * (BK // STEP)])
         dst = self._addr(slot, self.scales_off + 4 * tx)
-        when(T, [tx < rows] if rows < threads else [], T.ptx["cp.async.ca.shared.global"](dst, src, 4))
+        when(T, [tx < rows] if rows < threads else [], cp4(dst, src, 4))
 
     # ---- decode and wgmma -----------------------------------------------------------------------
 
@@ -603,8 +618,8 @@ class _Kernel:
         """Arrivals that complete a slot's ``full`` and ``empty`` barriers: every thread's (copies
         landed, slot done with); with ``tma``, thread 0's ``expect_tx`` too, and a warp's (not a
         thread's) when done."""
-        threads = 128 * self.h.wg
-        return (threads + 1, threads // 32) if self.h.tma else (threads, threads)
+        threads = 32 if self.h.prod else 128 * self.h.wg  # those that copy into a slot
+        return (threads + 1, 4 * self.h.wg) if self.h.tma else (threads, threads)
 
     def _arrive_full(self, slot) -> None:
         """The slot's ``full`` barrier gets this thread's arrival once its copies so far have landed."""
@@ -624,7 +639,7 @@ class _Kernel:
             ring_turn(T, it, h.stages, self.ahead, self.iters, self.issue)
             return
         t = it + self.ahead
-        with T.If(t < self.iters):
+        with T.If(self._refills(t < self.iters)):
             with T.Then():
                 with T.If(t >= h.stages):
                     with T.Then():
@@ -632,6 +647,10 @@ class _Kernel:
                 self.issue(t, t % h.stages)
                 self._arrive_full(t % h.stages)
         self._wait(it % h.stages, 0, (it // h.stages) % 2)
+
+    def _refills(self, cond):
+        """``cond`` and (``prod``) this thread is in warp 0, the one that refills the ring."""
+        return tirx.And(self.tx < 32, cond) if self.h.prod else cond
 
     def release(self, it) -> None:
         """``ring`` 1: this thread is done with iteration ``it``'s slot (its wgmmas waited for); with
@@ -701,16 +720,26 @@ class _Kernel:
                         T.evaluate(T.ptx.mbarrier.init.shared.b64(addr, u32(self._counts()[e])))
             T.evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
         for s in range(self.ahead):
-            if not h.sk and s < self.iters:
-                self.issue(s, s)
-            elif h.sk:
-                with T.If(s < self.iters):
-                    with T.Then():
-                        self.issue(s, s)
-            if h.ring:
-                self._arrive_full(s)
-            else:
-                T.evaluate(T.ptx["cp.async.commit_group"]())
+            with self._refiller():
+                if not h.sk and s < self.iters:
+                    self.issue(s, s)
+                elif h.sk:
+                    with T.If(s < self.iters):
+                        with T.Then():
+                            self.issue(s, s)
+                if h.ring:
+                    self._arrive_full(s)
+                else:
+                    T.evaluate(T.ptx["cp.async.commit_group"]())
+
+    @contextlib.contextmanager
+    def _refiller(self):
+        """The statements within run in the threads that refill the ring (``prod``: warp 0)."""
+        if not self.h.prod:
+            yield
+            return
+        with self.T.If(self.tx < 32), self.T.Then():
+            yield
 
     def loop(self, iters) -> None:
         """The K loop over ``iters`` iterations from ring count :attr:`c0`, folded or not as the block

@@ -14,7 +14,7 @@ from typing import Any
 
 from mxgemm import formats
 from mxgemm.codegen import target as targets
-from mxgemm.codegen.wgmma_w import M_TILES, SK, SPLITS, TMA, Hints, applies, kernel
+from mxgemm.codegen.wgmma_w import M_TILES, PROD, SK, SPLITS, TMA, Hints, applies, kernel
 from mxgemm.rules.base import Rule, Scheduled, cheapest, cuda_linear
 
 BUCKETS = (64, 128, 256)
@@ -40,12 +40,18 @@ class WgmmaW(Rule):
     def candidates(self, spec: Any) -> list[Hints]:
         """Every hint set whose M tile is at most the bucket, that tiles the shape and fits the
         shared memory, split K only while the halved split's grid is short of :func:`_slots`, TMA and
-        stream-K on the mbarrier ring, stream-K unsplit (deterministic order)."""
+        stream-K on the mbarrier ring, stream-K unsplit (deterministic order), warp 0 alone refilling
+        the ring where TMA loads it."""
         if not self._serves(spec):
             return []
         f = formats.get(spec.fmt)
-        space = itertools.product((1, 2, 4), (3, 4, 5), (1, 0), M_TILES, SPLITS, (0, 1), TMA, SK)
-        ok = lambda p: p[3] <= spec.m_bucket and (p[5] or not p[6]) and (not p[7] or (p[5] and p[4] == 1))  # noqa: E731
+        space = itertools.product((1, 2, 4), (3, 4, 5), (1, 0), M_TILES, SPLITS, (0, 1), TMA, SK, PROD)
+        ok = lambda p: (  # noqa: E731
+            p[3] <= spec.m_bucket
+            and (p[5] or not p[6])
+            and (not p[7] or (p[5] and p[4] == 1))
+            and (not p[8] or p[6] == 2)
+        )
         hints = (Hints(*p) for p in space if ok(p))
         return [
             h
@@ -69,21 +75,25 @@ class WgmmaW(Rule):
         128 at 256 rows on 28672×8192, 0.74-0.79x at 512-4096 rows (``wgmma_w-mt256-*.jsonl``).
         A grid of a block a tile takes its waves whole (224 blocks on 132 SMs: 2 waves for 1.7 waves'
         work, 1.18x); stream-K takes the work alone, plus 3% (its loop and the shared tiles' fixup),
-        5% more where its grid is not the blocks an SM holds."""
+        5% more where its grid is not the blocks an SM holds. Warp 0 alone refilling the ring (``prod``)
+        took 0.91-0.95x the time with two warpgroups × 256 rows at 256 and 1024 rows on 28672×8192 and
+        8192², 0.97x with × 128 at 128 rows, nothing off stream-K (``wgmma_w-prod-*.txt``)."""
         waves = _blocks(spec, h) * h.splits / _slots(spec, h)
         short = math.ceil(waves) / waves if not h.sk else 1.03 * (1.0 if h.sk == _per_sm(h) else 1.05)
         tile = {64: 1.0, 128: 1.1, 256: 0.85}[h.mt]
         measured = (1.0 + 0.1 * (h.wg - 1)) * tile * (1.0 if h.double else 1.15)
         ring = (0.9 if h.wg > 1 else 1.1) if h.ring else 1.0
         ring *= (0.9, 0.85)[h.tma - 1] if h.tma and h.wg > 1 else 1.02 if h.tma else 1.0
-        return short * measured * ring * (1.0 + 0.1 * abs(h.stages - 4)) * (1.0 + 0.05 * (h.splits - 1))
+        prod = (0.92 if h.mt == 256 else 0.97) if h.prod and not h.sk else 1.0
+        ring *= prod * (1.0 + 0.1 * abs(h.stages - 4))
+        return short * measured * ring * (1.0 + 0.05 * (h.splits - 1))
 
     def twins(self, spec: Any, hints: Hints) -> list[Hints]:
-        """``hints`` with its loads by TMA (the ring on, ``tma`` 2), and that unsplit on a stream-K
-        grid of 1 and 2 blocks an SM, with its M tile and twice it (stream-K pays per tile a block
-        runs: on 8192² at 128 rows two warpgroups × 128 rows took 0.77x the time of × 64), where
-        those are candidates."""
-        twins = [dataclasses.replace(hints, ring=1, tma=2)]
+        """``hints`` with its loads by TMA (the ring on, ``tma`` 2), by every thread and by warp 0
+        alone (``prod``), and that unsplit on a stream-K grid of 1 and 2 blocks an SM, with its M
+        tile and twice it (stream-K pays per tile a block runs: on 8192² at 128 rows two warpgroups ×
+        128 rows took 0.77x the time of × 64), where those are candidates."""
+        twins = [dataclasses.replace(hints, ring=1, tma=2, prod=p) for p in PROD]
         sk = dict(ring=1, tma=hints.tma or 2, splits=1)
         tiles = itertools.product((hints.mt, 2 * hints.mt), SK[1:])
         twins += [dataclasses.replace(hints, **sk, mt=mt, sk=k) for mt, k in tiles]
