@@ -49,9 +49,11 @@ def test_applies_names_the_problem():
     for bad in (dict(sk=1), dict(sk=1, ring=1, splits=2), dict(sk=3, ring=1)):  # stream-K: ring, unsplit
         with pytest.raises(ValueError, match=r"sk 0\|1\|2 \(with ring 1 and splits 1\)"):
             wgmma_w.Hints(**bad)
-    for bad in (dict(prod=1, ring=1, tma=1), dict(prod=2, ring=1, tma=2)):  # warp 0 refills: TMA's ring
-        with pytest.raises(ValueError, match=r"prod 0\|1 \(with tma 2\)"):
-            wgmma_w.Hints(**bad)
+    # warp 0 or a producer warpgroup refills the ring by TMA (the producer: not stream-K, 1-2 others)
+    bad = (dict(tma=1), dict(tma=2, prod=3), dict(tma=2, prod=2, sk=1), dict(tma=2, prod=2, wg=3, mt=64))
+    for kw in bad:
+        with pytest.raises(ValueError, match=r"prod 0\|1\|2 \(with tma 2; 2 without sk, wg 1\|2\)"):
+            wgmma_w.Hints(**{"ring": 1, "prod": 1, **kw})
     sk = wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, sk=1)
     assert "stream-K with an M tile of 256 spills" in wgmma_w.applies(fp4, 256, 512, "float16", sk)
     two = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=2)  # 165 KB a block: one an SM
@@ -87,10 +89,13 @@ def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
     assert all(h.tma == 2 for h in cands if h.prod) and any(h.prod for h in cands)
     plain = wgmma_w.Hints(2, 4, 1, mt=128)
     tma = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2)
-    warp0 = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, prod=1)  # warp 0 alone refills the ring
+    # warp 0 alone, or a producer warpgroup, refills the ring
+    warp0, producer = (wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, prod=p) for p in (1, 2))
     # and stream-K on 1 block an SM (2 do not fit the shared memory)
-    assert rule.twins(spec, plain) == [tma, warp0, wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1)]
-    assert rule.twins(spec, tma) == [warp0, wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1)]
+    sk = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1)
+    assert rule.twins(spec, plain) == [tma, warp0, producer, sk]
+    assert rule.twins(spec, tma) == [warp0, producer, sk]
+    assert rule.twins(spec, producer) == [tma, warp0, dataclasses.replace(sk, prod=1)]  # (not stream-K)
     small = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, ring=1, tma=1)  # (no split here: no TMA twin)
     assert rule.twins(spec, small) == [  # and on 128-row tiles (two such blocks do not fit an SM)
         *(wgmma_w.Hints(1, 4, 1, mt=64, ring=1, tma=1, sk=sk) for sk in (1, 2)),
@@ -111,6 +116,8 @@ def test_stream_k_costs_the_work_where_waves_quantize():
     warp0 = dataclasses.replace(tiles, prod=1)  # warp 0 alone refilling the ring: measured 0.97x
     assert rule.cost(spec, warp0) / rule.cost(spec, tiles) == pytest.approx(0.97)
     assert rule.cost(spec, dataclasses.replace(persistent, prod=1)) == rule.cost(spec, persistent)
+    producer = dataclasses.replace(tiles, prod=2)  # a producer warpgroup: measured 0.90x
+    assert rule.cost(spec, producer) / rule.cost(spec, tiles) == pytest.approx(0.9)
 
 
 @pytest.mark.nvcc
@@ -131,6 +138,8 @@ def test_stream_k_costs_the_work_where_waves_quantize():
         ("mxint8", "float16", wgmma_w.Hints(2, 3, 0, mt=128, ring=1, sk=1)),
         ("mxfp4", "float16", wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=1)),
         ("mxfp8_e5m2", "bfloat16", wgmma_w.Hints(1, 4, 1, mt=64, ring=1, tma=2, sk=2, prod=1)),
+        ("mxfp4", "bfloat16", wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=2)),
+        ("mxint8", "float16", wgmma_w.Hints(1, 4, 0, mt=64, splits=2, ring=1, tma=2, prod=2)),
     ],
 )
 def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
@@ -158,8 +167,12 @@ def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
     assert ("cp.async.bulk.tensor.2d" in src) == bool(hints.tma)  # loads by TMA, through tensor maps:
     assert src.count("__grid_constant__ CUtensorMap") == 2 * hints.tma  # declaration and definition
     assert ("cp.async.cg.shared.global" in src) == (hints.tma < 2)  # codes by cp.async
-    ptxas.assert_wgmmas_async_no_spills(src, tmp_path, spills=4 if hints.mt == 256 else 0)
-    if hints.mt == 256:  # 4 bytes with a bias (a 128-register accumulator beside it); none without
+    # the producer warpgroup gives its registers to the others (two: 240 a thread) and waits for nothing
+    # but empty slots
+    assert ("setmaxnreg" in src) == (hints.prod == 2 and hints.wg == 2)
+    big = hints.mt == 256 and hints.prod < 2
+    ptxas.assert_wgmmas_async_no_spills(src, tmp_path, spills=4 if big else 0)
+    if big:  # 4 bytes with a bias (a 128-register accumulator beside it); none without
         ptxas.assert_wgmmas_async_no_spills(source(bias=False), tmp_path)
 
 
@@ -189,7 +202,10 @@ GPU_TILES += [(SK1, 150), (SK2, 77), (SK_LONG, 3000)]
 # warp 0 alone refills the ring: 256-row tiles; stream-K of 64-row tiles (two lanes' rows a lane)
 PROD = wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=1)
 PROD_SK = wgmma_w.Hints(1, 4, 1, mt=64, ring=1, tma=2, sk=2, prod=1)
-GPU_TILES += [(PROD, 300), (PROD_SK, 77)]
+# a producer warpgroup: 256-row tiles (240 registers a compute thread); a split K of 64-row tiles
+PRODUCER = wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=2)
+PRODUCER_SPLIT = wgmma_w.Hints(1, 4, 0, mt=64, splits=2, ring=1, tma=2, prod=2)
+GPU_TILES += [(PROD, 300), (PROD_SK, 77), (PRODUCER, 300), (PRODUCER_SPLIT, 77)]
 # the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu
 PREBUILD = [(f, 256, 512, dt, True, h) for f, dt in GPU_FORMATS for h, _ in GPU_TILES]
 # test_gpu_linear_runs_the_records_kernel's: its record's layer, n, k, bucket and hints
@@ -245,7 +261,8 @@ def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m, unfolded):
 @hopper
 @pytest.mark.parametrize(("fmt", "dtype"), GPU_FORMATS)
 @pytest.mark.parametrize(
-    "hints", [GPU_TILES[1][0], SPLIT, RING, TMA1, TMA2_SPLIT, BIG, SK1, SK2, PROD, PROD_SK]
+    "hints",
+    [GPU_TILES[1][0], SPLIT, RING, TMA1, TMA2_SPLIT, BIG, SK1, SK2, PROD, PROD_SK, PRODUCER, PRODUCER_SPLIT],
 )
 def test_gpu_one_hot_rows_are_bit_exact(fmt, dtype, hints):
     """Activation row i is one 1 at column c_i: output (i, n) is the weight W[n, c_i] itself (rounded

@@ -93,7 +93,10 @@ BIG = 128
 SPLITS = (1, 2, 4, 8)  # K ranges (grid z)
 TMA = (0, 1, 2)  # loads by TMA: none, the activations, the activations and the codes
 SK = (0, 1, 2)  # stream-K: off, or a persistent grid of 1 or 2 blocks an SM
-PROD = (0, 1)  # who refills the ring (tma 2): every thread, or warp 0 alone
+PROD = (0, 1, 2)  # who refills the ring (tma 2): every thread, warp 0, or a warpgroup of its own
+# prod 2 with two warpgroups: registers of a compute and of a producer thread. The block starts with
+# 168 a thread (384 threads); the producer's 128 × (168 - 40) make the computes' 256 × (232 - 168)
+REGS = (232, 40)
 SM_SMEM = 228 * 1024  # shared memory of an SM (1 KB of it reserved a block)
 FIX = 8  # outputs a thread of the stream-K fixup
 
@@ -109,7 +112,9 @@ class Hints:
     activations and the codes; sk: stream-K (``ring`` 1, no ``splits``): 0, a block a tile; 1 or 2, a
     persistent grid of that many blocks an SM sharing out the tiles' K iterations evenly; prod (``tma``
     2): who refills the ring: 0, every thread (each waits for the slot it refills to be empty); 1,
-    warp 0 alone (its lanes copy the scale codes), the other warps only waiting for slots to fill."""
+    warp 0 alone (its lanes copy the scale codes), the other warps only waiting for slots to fill;
+    2 (no ``sk``, ``wg`` 1 or 2), the first warp of one more warpgroup, the producer, which runs
+    ahead of the others by as many slots as are free."""
 
     wg: int = 2
     stages: int = 4
@@ -126,11 +131,12 @@ class Hints:
         ok = ok and self.mt in M_TILES and self.splits in SPLITS and self.ring in (0, 1)
         ok = ok and self.sk in SK and (not self.sk or (self.ring and self.splits == 1))
         ok = ok and self.prod in PROD and (not self.prod or self.tma == 2)
+        ok = ok and (self.prod < 2 or (not self.sk and self.wg <= 2))
         if not ok or self.tma not in TMA or (self.tma and not self.ring):
             raise ValueError(
                 f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 64|128|256, splits 1|2|4|8, "
                 "ring 0|1, tma 0|1|2 (with ring 1), sk 0|1|2 (with ring 1 and splits 1), "
-                "prod 0|1 (with tma 2)"
+                "prod 0|1|2 (with tma 2; 2 without sk, wg 1|2)"
             )
 
     def to_dict(self) -> dict[str, int]:
@@ -252,14 +258,17 @@ class _Kernel:
             if h.splits > 1:
                 self.z = T.env_thread("blockIdx.z")
                 launch.enter_context(T.launch_thread(self.z, h.splits))
-            launch.enter_context(T.launch_thread(tx, 128 * h.wg))
+            launch.enter_context(T.launch_thread(tx, 128 * (h.wg + (h.prod == 2))))
             self.m0, self.n0 = tirx.Cast("int64", bx) * self.m_tile, by * (64 * h.wg)
             self.block_buffers(tx)
             self.zero_acc()
             self.rows_fold()
             self.prologue()
-            self.loop(self.iters)
-            self.epilogue()
+            if h.prod == 2:
+                self.specialized()
+            else:
+                self.loop(self.iters)
+                self.epilogue()
         if h.splits > 1:
             self.add_splits()
 
@@ -273,6 +282,30 @@ class _Kernel:
         self.acc = T.alloc_buffer((self.frag,), "float32", scope="local")
         self.afr = T.alloc_buffer((1 + h.double, BK // STEP, 2, 4), "uint32", scope="local")
         self.desc = T.alloc_buffer((1,), "uint64", scope="local")
+
+    def specialized(self) -> None:
+        """``prod`` 2: the last warpgroup's first warp refills the ring throughout (as many slots
+        ahead as are free), the others compute; with two compute warpgroups, the registers move
+        from the producer to them (``setmaxnreg``: :data:`REGS`)."""
+        T, h = self.T, self.h
+        setmax = lambda how, n: T.evaluate(T.ptx[f"setmaxnreg.{how}.sync.aligned.u32"](n))  # noqa: E731
+        with T.If(self.tx >= 128 * h.wg):
+            with T.Then():
+                if h.wg == 2:
+                    setmax("dec", REGS[1])
+                with T.If(self.tx < 128 * h.wg + 32):
+                    with T.Then():
+                        with T.serial(0, self.iters) as t:
+                            with T.If(t >= h.stages):
+                                with T.Then():
+                                    self._wait(t % h.stages, 1, (t // h.stages - 1) % 2)
+                            self.issue(t, t % h.stages)
+                            self._arrive_full(t % h.stages)
+            with T.Else():
+                if h.wg == 2:
+                    setmax("inc", REGS[0])
+                self.loop(self.iters)
+                self.epilogue()
 
     def zero_acc(self) -> None:
         for i in range(self.frag):
@@ -407,7 +440,7 @@ class _Kernel:
         # (stream-K scans at every tile: its loads issued back to back)
         with (T.unroll if self.h.sk else T.serial)(0, -(-words // 4)) as i:
             w = self.j + 4 * i
-            with T.If(w < words):
+            with T.If(tirx.And(self.tx < 128 * self.h.wg, w < words) if self.h.prod == 2 else w < words):
                 with T.Then():
                     for r in range(2):
                         v = tirx.BufferLoad(s32, [(self.n0 + self.row(r)) * words + w])
@@ -420,7 +453,10 @@ class _Kernel:
         oe = round(math.log2(pairs.out_factor(self.fmt)))
         for r in range(2):
             good, add, exp = pairs.fold_row(T, fold, hi, lo, [r])
-            T.buffer_store(ok, ok[0] & tirx.Cast("int32", good), [0])
+            good = tirx.Cast("int32", good)
+            if self.h.prod == 2:  # the producer's threads have no rows
+                good = good | tirx.Cast("int32", self.tx >= 128 * self.h.wg)
+            T.buffer_store(ok, ok[0] & good, [0])
             T.buffer_store(self.fold_add, add, [r])
             T.buffer_store(self.out_exp, exp + oe, [r])
         self.fast = T.alloc_buffer((1,), "int32", scope="local")
@@ -461,7 +497,7 @@ class _Kernel:
         if h.tma == 2:
             loads.append((self.codes_off, 1, it * 16 * self.w, n0))
         size = 2 * mt * ROW + (64 * h.wg * 16 * self.w if h.tma == 2 else 0)
-        with T.If(self.tx == 0):
+        with T.If(self.tx == (128 * h.wg if h.prod == 2 else 0)):
             with T.Then():
                 T.evaluate(T.ptx["mbarrier.arrive.expect_tx.shared.b64"](full, u32(size)))
                 for at, which, inner, row in loads:
@@ -638,6 +674,9 @@ class _Kernel:
         if not h.ring:
             ring_turn(T, it, h.stages, self.ahead, self.iters, self.issue)
             return
+        if h.prod == 2:  # the producer refills the ring
+            self._wait(it % h.stages, 0, (it // h.stages) % 2)
+            return
         t = it + self.ahead
         with T.If(self._refills(t < self.iters)):
             with T.Then():
@@ -719,7 +758,7 @@ class _Kernel:
                         addr = smem_addr(T, self.ring, self._bar(i, e))
                         T.evaluate(T.ptx.mbarrier.init.shared.b64(addr, u32(self._counts()[e])))
             T.evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
-        for s in range(self.ahead):
+        for s in range(0 if h.prod == 2 else self.ahead):
             with self._refiller():
                 if not h.sk and s < self.iters:
                     self.issue(s, s)

@@ -40,8 +40,8 @@ class WgmmaW(Rule):
     def candidates(self, spec: Any) -> list[Hints]:
         """Every hint set whose M tile is at most the bucket, that tiles the shape and fits the
         shared memory, split K only while the halved split's grid is short of :func:`_slots`, TMA and
-        stream-K on the mbarrier ring, stream-K unsplit (deterministic order), warp 0 alone refilling
-        the ring where TMA loads it."""
+        stream-K on the mbarrier ring, stream-K unsplit (deterministic order), warp 0 or a producer
+        warpgroup refilling the ring where TMA loads it (the producer: not stream-K, 1 or 2 others)."""
         if not self._serves(spec):
             return []
         f = formats.get(spec.fmt)
@@ -51,6 +51,7 @@ class WgmmaW(Rule):
             and (p[5] or not p[6])
             and (not p[7] or (p[5] and p[4] == 1))
             and (not p[8] or p[6] == 2)
+            and (p[8] < 2 or (not p[7] and p[0] <= 2))
         )
         hints = (Hints(*p) for p in space if ok(p))
         return [
@@ -75,30 +76,32 @@ class WgmmaW(Rule):
         128 at 256 rows on 28672×8192, 0.74-0.79x at 512-4096 rows (``wgmma_w-mt256-*.jsonl``).
         A grid of a block a tile takes its waves whole (224 blocks on 132 SMs: 2 waves for 1.7 waves'
         work, 1.18x); stream-K takes the work alone, plus 3% (its loop and the shared tiles' fixup),
-        5% more where its grid is not the blocks an SM holds. Warp 0 alone refilling the ring (``prod``)
-        took 0.91-0.95x the time with two warpgroups × 256 rows at 256 and 1024 rows on 28672×8192 and
-        8192², 0.97x with × 128 at 128 rows, nothing off stream-K (``wgmma_w-prod-*.txt``)."""
+        5% more where its grid is not the blocks an SM holds. Warp 0 alone refilling the ring (``prod``
+        1) took 0.91-0.95x the time with two warpgroups × 256 rows at 256 and 1024 rows on 28672×8192
+        and 8192², 0.97x with × 128 at 128 rows, nothing off stream-K; a producer warpgroup (``prod``
+        2) 0.89-0.94x and 0.90x, and one warpgroup × 64 rows at 64 rows on 4096×14336 0.55x warp 0's
+        time (``wgmma_w-prod-*.txt``)."""
         waves = _blocks(spec, h) * h.splits / _slots(spec, h)
         short = math.ceil(waves) / waves if not h.sk else 1.03 * (1.0 if h.sk == _per_sm(h) else 1.05)
         tile = {64: 1.0, 128: 1.1, 256: 0.85}[h.mt]
         measured = (1.0 + 0.1 * (h.wg - 1)) * tile * (1.0 if h.double else 1.15)
         ring = (0.9 if h.wg > 1 else 1.1) if h.ring else 1.0
         ring *= (0.9, 0.85)[h.tma - 1] if h.tma and h.wg > 1 else 1.02 if h.tma else 1.0
-        prod = (0.92 if h.mt == 256 else 0.97) if h.prod and not h.sk else 1.0
+        prod = (1.0, 0.92 if h.mt == 256 else 0.97, 0.9)[h.prod] if not h.sk else 1.0
         ring *= prod * (1.0 + 0.1 * abs(h.stages - 4))
         return short * measured * ring * (1.0 + 0.05 * (h.splits - 1))
 
     def twins(self, spec: Any, hints: Hints) -> list[Hints]:
-        """``hints`` with its loads by TMA (the ring on, ``tma`` 2), by every thread and by warp 0
-        alone (``prod``), and that unsplit on a stream-K grid of 1 and 2 blocks an SM, with its M
-        tile and twice it (stream-K pays per tile a block runs: on 8192² at 128 rows two warpgroups ×
-        128 rows took 0.77x the time of × 64), where those are candidates."""
-        twins = [dataclasses.replace(hints, ring=1, tma=2, prod=p) for p in PROD]
-        sk = dict(ring=1, tma=hints.tma or 2, splits=1)
+        """``hints`` with its loads by TMA (the ring on, ``tma`` 2), refilled by every thread, warp 0
+        and a producer warpgroup (``prod``), and that unsplit on a stream-K grid of 1 and 2 blocks an
+        SM, with its M tile and twice it (stream-K pays per tile a block runs: on 8192² at 128 rows
+        two warpgroups × 128 rows took 0.77x the time of × 64), where those are candidates."""
+        twins = [_replaced(hints, ring=1, tma=2, prod=p) for p in PROD]
+        sk = dict(ring=1, tma=hints.tma or 2, splits=1, prod=min(hints.prod, 1))
         tiles = itertools.product((hints.mt, 2 * hints.mt), SK[1:])
-        twins += [dataclasses.replace(hints, **sk, mt=mt, sk=k) for mt, k in tiles]
+        twins += [_replaced(hints, **sk, mt=mt, sk=k) for mt, k in tiles]
         cands = self.candidates(spec)
-        return [t for t in dict.fromkeys(twins) if t != hints and t in cands]
+        return [t for t in dict.fromkeys(twins) if t is not None and t != hints and t in cands]
 
     def default_hints(self, spec: Any) -> Hints | None:
         """The cheapest candidate by :meth:`cost` (the rule is not routed: this seeds the tuner)."""
@@ -117,6 +120,14 @@ class WgmmaW(Rule):
             a_dtype=spec.a_dtype, hints=h,
         )  # fmt: skip
         return Scheduled(self.name, tvm.IRModule({"main": func}), h)
+
+
+def _replaced(h: Hints, **changes: int) -> Hints | None:
+    """``h`` with ``changes``, or None where they make no valid hint set."""
+    try:
+        return dataclasses.replace(h, **changes)
+    except ValueError:
+        return None
 
 
 def _blocks(spec: Any, h: Hints) -> int:
