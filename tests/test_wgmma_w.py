@@ -49,11 +49,12 @@ def test_applies_names_the_problem():
     for bad in (dict(sk=1), dict(sk=1, ring=1, splits=2), dict(sk=3, ring=1)):  # stream-K: ring, unsplit
         with pytest.raises(ValueError, match=r"sk 0\|1\|2 \(with ring 1 and splits 1\)"):
             wgmma_w.Hints(**bad)
-    # warp 0 or a producer warpgroup refills the ring by TMA (the producer: not stream-K, 1-2 others)
-    bad = (dict(tma=1), dict(tma=2, prod=3), dict(tma=2, prod=2, sk=1), dict(tma=2, prod=2, wg=3, mt=64))
-    for kw in bad:
-        with pytest.raises(ValueError, match=r"prod 0\|1\|2 \(with tma 2; 2 without sk, wg 1\|2\)"):
+    # warp 0 or a producer warpgroup refills the ring by TMA (the producer: beside 1 or 2 warpgroups)
+    for kw in (dict(tma=1), dict(tma=2, prod=3), dict(tma=2, prod=2, wg=3, mt=64)):
+        with pytest.raises(ValueError, match=r"prod 0\|1\|2 \(with tma 2; 2 with wg 1\|2\)"):
             wgmma_w.Hints(**{"ring": 1, "prod": 1, **kw})
+    two = wgmma_w.Hints(1, 4, 1, mt=64, ring=1, tma=2, sk=2, prod=2)  # 2 × 256 threads × 148 registers
+    assert "do not fit an SM's registers" in wgmma_w.applies(fp4, 256, 512, "float16", two)
     sk = wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, sk=1)
     assert "stream-K with an M tile of 256 spills" in wgmma_w.applies(fp4, 256, 512, "float16", sk)
     two = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=2)  # 165 KB a block: one an SM
@@ -95,7 +96,7 @@ def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
     sk = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1)
     assert rule.twins(spec, plain) == [tma, warp0, producer, sk]
     assert rule.twins(spec, tma) == [warp0, producer, sk]
-    assert rule.twins(spec, producer) == [tma, warp0, dataclasses.replace(sk, prod=1)]  # (not stream-K)
+    assert rule.twins(spec, producer) == [tma, warp0, dataclasses.replace(sk, prod=2)]
     small = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, ring=1, tma=1)  # (no split here: no TMA twin)
     assert rule.twins(spec, small) == [  # and on 128-row tiles (two such blocks do not fit an SM)
         *(wgmma_w.Hints(1, 4, 1, mt=64, ring=1, tma=1, sk=sk) for sk in (1, 2)),
@@ -140,6 +141,7 @@ def test_stream_k_costs_the_work_where_waves_quantize():
         ("mxfp8_e5m2", "bfloat16", wgmma_w.Hints(1, 4, 1, mt=64, ring=1, tma=2, sk=2, prod=1)),
         ("mxfp4", "bfloat16", wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=2)),
         ("mxint8", "float16", wgmma_w.Hints(1, 4, 0, mt=64, splits=2, ring=1, tma=2, prod=2)),
+        ("mxfp4", "float16", wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1, prod=2)),
     ],
 )
 def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
@@ -206,6 +208,10 @@ PROD_SK = wgmma_w.Hints(1, 4, 1, mt=64, ring=1, tma=2, sk=2, prod=1)
 PRODUCER = wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=2)
 PRODUCER_SPLIT = wgmma_w.Hints(1, 4, 0, mt=64, splits=2, ring=1, tma=2, prod=2)
 GPU_TILES += [(PROD, 300), (PROD_SK, 77), (PRODUCER, 300), (PRODUCER_SPLIT, 77)]
+# stream-K with a producer warpgroup (the compute warpgroups vote on barrier 1): 150 rows as SK1; 3000
+PRODUCER_SK = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1, prod=2)
+PRODUCER_SK_LONG = wgmma_w.Hints(1, 4, 0, mt=64, ring=1, tma=2, sk=1, prod=2)
+GPU_TILES += [(PRODUCER_SK, 150), (PRODUCER_SK_LONG, 3000)]
 # the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu
 PREBUILD = [(f, 256, 512, dt, True, h) for f, dt in GPU_FORMATS for h, _ in GPU_TILES]
 # test_gpu_linear_runs_the_records_kernel's: its record's layer, n, k, bucket and hints
@@ -262,7 +268,8 @@ def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m, unfolded):
 @pytest.mark.parametrize(("fmt", "dtype"), GPU_FORMATS)
 @pytest.mark.parametrize(
     "hints",
-    [GPU_TILES[1][0], SPLIT, RING, TMA1, TMA2_SPLIT, BIG, SK1, SK2, PROD, PROD_SK, PRODUCER, PRODUCER_SPLIT],
+    [GPU_TILES[1][0], SPLIT, RING, TMA1, TMA2_SPLIT, BIG, SK1, SK2, PROD, PROD_SK, PRODUCER, PRODUCER_SPLIT]
+    + [PRODUCER_SK],
 )
 def test_gpu_one_hot_rows_are_bit_exact(fmt, dtype, hints):
     """Activation row i is one 1 at column c_i: output (i, n) is the weight W[n, c_i] itself (rounded

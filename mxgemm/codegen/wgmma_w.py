@@ -113,8 +113,8 @@ class Hints:
     persistent grid of that many blocks an SM sharing out the tiles' K iterations evenly; prod (``tma``
     2): who refills the ring: 0, every thread (each waits for the slot it refills to be empty); 1,
     warp 0 alone (its lanes copy the scale codes), the other warps only waiting for slots to fill;
-    2 (no ``sk``, ``wg`` 1 or 2), the first warp of one more warpgroup, the producer, which runs
-    ahead of the others by as many slots as are free."""
+    2 (``wg`` 1 or 2), the first warp of one more warpgroup, the producer, which runs ahead of the
+    others by as many slots as are free."""
 
     wg: int = 2
     stages: int = 4
@@ -131,12 +131,12 @@ class Hints:
         ok = ok and self.mt in M_TILES and self.splits in SPLITS and self.ring in (0, 1)
         ok = ok and self.sk in SK and (not self.sk or (self.ring and self.splits == 1))
         ok = ok and self.prod in PROD and (not self.prod or self.tma == 2)
-        ok = ok and (self.prod < 2 or (not self.sk and self.wg <= 2))
+        ok = ok and (self.prod < 2 or self.wg <= 2)
         if not ok or self.tma not in TMA or (self.tma and not self.ring):
             raise ValueError(
                 f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 64|128|256, splits 1|2|4|8, "
                 "ring 0|1, tma 0|1|2 (with ring 1), sk 0|1|2 (with ring 1 and splits 1), "
-                "prod 0|1|2 (with tma 2; 2 without sk, wg 1|2)"
+                "prod 0|1|2 (with tma 2; 2 with wg 1|2)"
             )
 
     def to_dict(self) -> dict[str, int]:
@@ -170,7 +170,9 @@ def applies(fmt: formats.Format, n: int, k: int, a_dtype: str, h: Hints = Hints(
         bars = " and the barriers" if h.ring else ""
         return f"{h.stages} slots of {h.slot_bytes(fmt.bits)[2]} bytes{bars} exceed {SMEM_MAX}"
     if h.sk and h.mt > BIG:  # ptxas: the persistent loop's ~20 more registers do not fit beside 128
-        return f"stream-K with an M tile of {h.mt} spills registers"
+        return f"stream-K with an M tile of {h.mt} spills registers"  # (even at 232 with ``prod`` 2)
+    if h.sk == 2 and h.prod == 2:
+        return "two blocks with a producer warpgroup do not fit an SM's registers (sk 2)"
     if h.sk == 2 and 2 * (h.smem_bytes(fmt.bits) + 1024) > SM_SMEM:
         return f"two blocks of {h.smem_bytes(fmt.bits)} bytes of shared memory do not fit an SM (sk 2)"
     return None
@@ -283,10 +285,11 @@ class _Kernel:
         self.afr = T.alloc_buffer((1 + h.double, BK // STEP, 2, 4), "uint32", scope="local")
         self.desc = T.alloc_buffer((1,), "uint64", scope="local")
 
-    def specialized(self) -> None:
+    def specialized(self, compute=None) -> None:
         """``prod`` 2: the last warpgroup's first warp refills the ring throughout (as many slots
-        ahead as are free), the others compute; with two compute warpgroups, the registers move
-        from the producer to them (``setmaxnreg``: :data:`REGS`)."""
+        ahead as are free), the others compute (``compute()``: by default the K loop and the
+        epilogue); with two compute warpgroups, the registers move from the producer to them
+        (``setmaxnreg``: :data:`REGS`)."""
         T, h = self.T, self.h
         setmax = lambda how, n: T.evaluate(T.ptx[f"setmaxnreg.{how}.sync.aligned.u32"](n))  # noqa: E731
         with T.If(self.tx >= 128 * h.wg):
@@ -304,6 +307,9 @@ class _Kernel:
             with T.Else():
                 if h.wg == 2:
                     setmax("inc", REGS[0])
+                if compute is not None:
+                    compute()
+                    return
                 self.loop(self.iters)
                 self.epilogue()
 
@@ -333,7 +339,8 @@ class _Kernel:
         T, h = self.T, self.h
         per_tile = self.k // BK // self.unit  # units
         _, units, blocks = self.sk_grid(m_tiles)
-        with T.launch_thread(bx, tirx.Cast("int32", blocks)), T.launch_thread(tx, 128 * h.wg):
+        threads = 128 * (h.wg + (h.prod == 2))
+        with T.launch_thread(bx, tirx.Cast("int32", blocks)), T.launch_thread(tx, threads):
             self.block_buffers(tx)
             g = tirx.Cast("int64", bx)
             u0 = T.Bind(tirx.Cast("int32", g * units // blocks))  # the block's units: [u0, u1)
@@ -347,17 +354,24 @@ class _Kernel:
             T.buffer_store(self.issued, tirx.const(-1, "int32"), [0])
             first = tirx.truncdiv(u0, per_tile)
             self.prologue()
-            with T.serial(0, tirx.truncdiv(u1 - 1, per_tile) - first + 1) as v:
-                tile = T.Bind(first + v)
-                lo = T.Bind(tirx.max(u0, tile * per_tile))
-                hi = T.Bind(tirx.min(u1, (tile + 1) * per_tile))
-                self.m0, self.n0 = (T.Bind(x) for x in self.tile_origin(tile, m_tiles))
-                self.c0 = T.Bind((lo - u0) * self.unit)
-                slot = tirx.Select(v == 0, tirx.const(0, "int32"), tirx.const(1, "int32"))
-                self.part_of = (bx, slot, hi - lo == per_tile)
-                self.rows_fold()
-                self.loop((hi - lo) * self.unit)
-                self.epilogue()
+
+            def tiles() -> None:
+                with T.serial(0, tirx.truncdiv(u1 - 1, per_tile) - first + 1) as v:
+                    tile = T.Bind(first + v)
+                    lo = T.Bind(tirx.max(u0, tile * per_tile))
+                    hi = T.Bind(tirx.min(u1, (tile + 1) * per_tile))
+                    self.m0, self.n0 = (T.Bind(x) for x in self.tile_origin(tile, m_tiles))
+                    self.c0 = T.Bind((lo - u0) * self.unit)
+                    slot = tirx.Select(v == 0, tirx.const(0, "int32"), tirx.const(1, "int32"))
+                    self.part_of = (bx, slot, hi - lo == per_tile)
+                    self.rows_fold()
+                    self.loop((hi - lo) * self.unit)
+                    self.epilogue()
+
+            if h.prod == 2:  # (the ring counts run on across the tiles: the producer's loop is the same)
+                self.specialized(tiles)
+            else:
+                tiles()
 
     def coords(self, it):
         """The activation row and weight row (the tile's origin) and the K iteration that ring count
@@ -460,7 +474,17 @@ class _Kernel:
             T.buffer_store(self.fold_add, add, [r])
             T.buffer_store(self.out_exp, exp + oe, [r])
         self.fast = T.alloc_buffer((1,), "int32", scope="local")
-        T.buffer_store(self.fast, tirx.call_extern("int32", "__syncthreads_and", ok[0]), [0])
+        if self.h.sk and self.h.prod == 2:  # the compute warpgroups alone (barrier 1): a count of yes
+            votes = T.alloc_buffer((1,), "uint32", scope="local")
+            threads = 128 * self.h.wg
+            T.evaluate(
+                T.ptx["bar.red.popc.u32"](
+                    votes[0], u32(1), u32(threads), T.ptx.pred(tirx.BufferLoad(ok, [0]))
+                )
+            )
+            T.buffer_store(self.fast, tirx.Cast("int32", votes[0] == u32(threads)), [0])
+        else:
+            T.buffer_store(self.fast, tirx.call_extern("int32", "__syncthreads_and", ok[0]), [0])
         for r in range(2):  # unfolded: the sums times out_factor alone
             out = tirx.Select(self.fast[0] != 0, self.out_exp[r], tirx.const(oe, "int32"))
             T.buffer_store(self.out_exp, out, [r])

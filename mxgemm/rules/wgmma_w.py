@@ -41,7 +41,7 @@ class WgmmaW(Rule):
         """Every hint set whose M tile is at most the bucket, that tiles the shape and fits the
         shared memory, split K only while the halved split's grid is short of :func:`_slots`, TMA and
         stream-K on the mbarrier ring, stream-K unsplit (deterministic order), warp 0 or a producer
-        warpgroup refilling the ring where TMA loads it (the producer: not stream-K, 1 or 2 others)."""
+        warpgroup refilling the ring where TMA loads it (the producer: 1 or 2 others)."""
         if not self._serves(spec):
             return []
         f = formats.get(spec.fmt)
@@ -51,7 +51,7 @@ class WgmmaW(Rule):
             and (p[5] or not p[6])
             and (not p[7] or (p[5] and p[4] == 1))
             and (not p[8] or p[6] == 2)
-            and (p[8] < 2 or (not p[7] and p[0] <= 2))
+            and (p[8] < 2 or p[0] <= 2)
         )
         hints = (Hints(*p) for p in space if ok(p))
         return [
@@ -97,9 +97,9 @@ class WgmmaW(Rule):
         SM, with its M tile and twice it (stream-K pays per tile a block runs: on 8192² at 128 rows
         two warpgroups × 128 rows took 0.77x the time of × 64), where those are candidates."""
         twins = [_replaced(hints, ring=1, tma=2, prod=p) for p in PROD]
-        sk = dict(ring=1, tma=hints.tma or 2, splits=1, prod=min(hints.prod, 1))
-        tiles = itertools.product((hints.mt, 2 * hints.mt), SK[1:])
-        twins += [_replaced(hints, **sk, mt=mt, sk=k) for mt, k in tiles]
+        sk = dict(ring=1, tma=hints.tma or 2, splits=1)
+        tiles = itertools.product((hints.mt, 2 * hints.mt), SK[1:])  # (a producer: one block an SM)
+        twins += [_replaced(hints, **sk, mt=mt, sk=k, prod=min(hints.prod, 3 - k)) for mt, k in tiles]
         cands = self.candidates(spec)
         return [t for t in dict.fromkeys(twins) if t is not None and t != hints and t in cands]
 
