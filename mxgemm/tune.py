@@ -109,12 +109,13 @@ def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[s
 
 
 def candidates(task: Task, budget: int) -> list[tuple[str, dict[str, Any]]]:
-    """(rule, hints) to measure: the routed rule's defaults first, the hints of the logs' record for
-    the task (a re-tune is measured against what it would replace, in the same run) and, for bf16, of
-    the fp16 record, their twins (:meth:`~mxgemm.rules.base.Rule.twins`: the same kernels with a new
-    option on), then up to ``budget`` in all with other hints that fit the shape, cheapest first by
-    its cost model; then as many of each rule that serves the task but that the router does not try
-    untuned (:func:`mxgemm.rules.rivals`), chosen alike (deterministic)."""
+    """(rule, hints) to measure: the hints of the logs' record for the task first (a re-tune is
+    measured against what it would replace, in the same run), for bf16 those of the fp16 record, the
+    rule's defaults, then their twins in that order (:meth:`~mxgemm.rules.base.Rule.twins`: the same
+    kernels with a new option on; a record's come before the defaults' where the budget cuts), then
+    up to ``budget`` in all with other hints that fit the shape, cheapest first by its cost model;
+    then as many of each rule that serves the task but that the router does not try untuned
+    (:func:`mxgemm.rules.rivals`), chosen alike (deterministic)."""
     from mxgemm import rules
 
     spec = task.spec()
@@ -123,7 +124,7 @@ def candidates(task: Task, budget: int) -> list[tuple[str, dict[str, Any]]]:
         return []
     out = []
     for rule in (routed, *rules.rivals(spec)):
-        seeds = (rule.default_hints(spec), _recorded(task, rule), _fp16_twin(task, rule))
+        seeds = (_recorded(task, rule), _fp16_twin(task, rule), rule.default_hints(spec))
         seeds = list(dict.fromkeys(h for h in seeds if h is not None))
         seeds = list(dict.fromkeys(seeds + [t for h in seeds for t in rule.twins(spec, h)]))
         rest = sorted((h for h in rule.candidates(spec) if h not in seeds), key=lambda h: rule.cost(spec, h))
