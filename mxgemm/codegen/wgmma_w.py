@@ -675,8 +675,9 @@ class _Kernel:
         return self.h.stages * self.slot + 16 * (2 * slot + empty)
 
     def _counts(self) -> tuple[int, int]:
-        """Arrivals that complete a slot's ``full`` and ``empty`` barriers: every thread's (copies
-        landed, slot done with); with ``tma``, thread 0's ``expect_tx`` too, and a warp's (not a
+        """Arrivals that complete a slot's ``full`` and ``empty`` barriers: every copying thread's
+        (all of them, or with ``prod`` the refilling warp's lanes) once its copies landed, every
+        thread's when done with the slot; with ``tma``, the ``expect_tx`` too, and a warp's (not a
         thread's) when done."""
         threads = 32 if self.h.prod else 128 * self.h.wg  # those that copy into a slot
         return (threads + 1, 4 * self.h.wg) if self.h.tma else (threads, threads)

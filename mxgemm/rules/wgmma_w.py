@@ -80,7 +80,8 @@ class WgmmaW(Rule):
         1) took 0.91-0.95x the time with two warpgroups × 256 rows at 256 and 1024 rows on 28672×8192
         and 8192², 0.97x with × 128 at 128 rows, nothing off stream-K; a producer warpgroup (``prod``
         2) 0.89-0.94x and 0.90x, and one warpgroup × 64 rows at 64 rows on 4096×14336 0.55x warp 0's
-        time (``wgmma_w-prod-*.txt``)."""
+        time (``wgmma_w-prod-*.txt``); with stream-K 0.84-0.93x (``wgmma_w-prod-sk-*.txt``), which
+        the model leaves to the twins (the tuning rounds chose it at 128 rows on 4 of 6 shapes)."""
         waves = _blocks(spec, h) * h.splits / _slots(spec, h)
         short = math.ceil(waves) / waves if not h.sk else 1.03 * (1.0 if h.sk == _per_sm(h) else 1.05)
         tile = {64: 1.0, 128: 1.1, 256: 0.85}[h.mt]
