@@ -109,10 +109,10 @@ def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[s
 
 
 def candidates(task: Task, budget: int) -> list[tuple[str, dict[str, Any]]]:
-    """(rule, hints) to measure: the hints of the logs' record for the task first (a re-tune is
-    measured against what it would replace, in the same run), for bf16 those of the fp16 record, the
-    rule's defaults, then their twins in that order (:meth:`~mxgemm.rules.base.Rule.twins`: the same
-    kernels with a new option on; a record's come before the defaults' where the budget cuts), then
+    """(rule, hints) to measure: the routed rule's defaults first, the hints of the logs' record for
+    the task (a re-tune is measured against what it would replace, in the same run) and, for bf16, of
+    the fp16 record, their twins (:meth:`~mxgemm.rules.base.Rule.twins`: the same kernels with a new
+    option on; the records' before the defaults', so a cut budget keeps what a re-tune is for), then
     up to ``budget`` in all with other hints that fit the shape, cheapest first by its cost model;
     then as many of each rule that serves the task but that the router does not try untuned
     (:func:`mxgemm.rules.rivals`), chosen alike (deterministic)."""
@@ -124,9 +124,11 @@ def candidates(task: Task, budget: int) -> list[tuple[str, dict[str, Any]]]:
         return []
     out = []
     for rule in (routed, *rules.rivals(spec)):
-        seeds = (_recorded(task, rule), _fp16_twin(task, rule), rule.default_hints(spec))
-        seeds = list(dict.fromkeys(h for h in seeds if h is not None))
-        seeds = list(dict.fromkeys(seeds + [t for h in seeds for t in rule.twins(spec, h)]))
+        default = rule.default_hints(spec)
+        tuned = [h for h in (_recorded(task, rule), _fp16_twin(task, rule)) if h is not None]
+        seeds = [h for h in (default, *tuned) if h is not None]
+        twins = [t for h in (*tuned, default) if h is not None for t in rule.twins(spec, h)]
+        seeds = list(dict.fromkeys(seeds + twins))
         rest = sorted((h for h in rule.candidates(spec) if h not in seeds), key=lambda h: rule.cost(spec, h))
         out += [(rule.name, h.to_dict()) for h in _diverse(seeds, rest, max(1, budget))]
     return out

@@ -92,9 +92,8 @@ def test_candidates_deterministic_and_valid(arch, fmt, m_bucket, dtype, rule):
     assert len(cands) == 8 and pairs[:8] == [(rule.RULE.name, h) for h in cands]  # the routed rule's first
     for r, h in pairs[8:]:  # then those of the rules the router does not pick untuned
         assert rules.get(r) in rules.rivals(spec) and rules.get(r).typed(h) in rules.get(r).candidates(spec)
-    rec = tune._recorded(task, rule.RULE)  # the log's record first, else the rule's defaults
-    first = rec if rec is not None else rule.RULE.default_hints(spec)
-    assert cands[0] == first.to_dict() and len({json.dumps(c) for c in cands}) == 8
+    default = rule.RULE.default_hints(spec)
+    assert cands[0] == default.to_dict() and len({json.dumps(c) for c in cands}) == 8
     f = mxgemm.formats.get(fmt)
     assert all(rule.fits(rule.Hints(**c), task.n, task.k, *([f] if rule is gemv else [])) for c in cands)
 
@@ -267,7 +266,7 @@ def test_measure_checks_each_candidate_against_the_reference(tmp_path, cpu_arch,
 
 def test_candidates_include_the_records_hints(tmp_path, monkeypatch):
     """bf16 layers run the fp16 record's hints while the log has no bf16 record, and a re-tuned fp16
-    task would replace its record: tuning measures those hints (first, before the defaults), so its
+    task would replace its record: tuning measures those hints (second, after the defaults), so its
     winner is never slower than what ran before."""
     monkeypatch.setenv("MXGEMM_TUNE_LOG", str(tmp_path / "none.json"))
     shape = {"fmt": "mxfp4", "n": 14336, "k": 4096, "m_bucket": 16, "arch": "sm_90", "block_size": 32}
@@ -276,8 +275,8 @@ def test_candidates_include_the_records_hints(tmp_path, monkeypatch):
     assert rec is not None and rec.rule == tune.rule_of(fp16)
     recorded = rules.get(rec.rule).typed(rec.config).to_dict()
     bf16 = [h for r, h in tune.candidates(tune.Task(**shape, a_dtype="bfloat16"), 3) if r == rec.rule]
-    assert bf16[0] == recorded and len(bf16) == 3 and len({json.dumps(c, sort_keys=True) for c in bf16}) == 3
-    assert tune.candidates(fp16, 3)[0] == (rec.rule, recorded)
+    assert bf16[1] == recorded and len(bf16) == 3 and len({json.dumps(c, sort_keys=True) for c in bf16}) == 3
+    assert tune.candidates(fp16, 3)[1] == (rec.rule, recorded)
 
 
 @pytest.mark.nvcc
