@@ -267,10 +267,9 @@ class _Kernel:
             self.rows_fold()
             self.prologue()
             if h.prod == 2:
-                self.specialized()
+                self.specialized(self.loop_and_epilogue)
             else:
-                self.loop(self.iters)
-                self.epilogue()
+                self.loop_and_epilogue()
         if h.splits > 1:
             self.add_splits()
 
@@ -285,11 +284,15 @@ class _Kernel:
         self.afr = T.alloc_buffer((1 + h.double, BK // STEP, 2, 4), "uint32", scope="local")
         self.desc = T.alloc_buffer((1,), "uint64", scope="local")
 
-    def specialized(self, compute=None) -> None:
+    def loop_and_epilogue(self) -> None:
+        """A block's tile: its K loop, then its sums brought to scale and stored."""
+        self.loop(self.iters)
+        self.epilogue()
+
+    def specialized(self, compute) -> None:
         """``prod`` 2: the last warpgroup's first warp refills the ring throughout (as many slots
-        ahead as are free), the others compute (``compute()``: by default the K loop and the
-        epilogue); with two compute warpgroups, the registers move from the producer to them
-        (``setmaxnreg``: :data:`REGS`)."""
+        ahead as are free), the others ``compute()``; with two compute warpgroups, the registers move
+        from the producer to them (``setmaxnreg``: :data:`REGS`)."""
         T, h = self.T, self.h
         setmax = lambda how, n: T.evaluate(T.ptx[f"setmaxnreg.{how}.sync.aligned.u32"](n))  # noqa: E731
         with T.If(self.tx >= 128 * h.wg):
@@ -307,11 +310,7 @@ class _Kernel:
             with T.Else():
                 if h.wg == 2:
                     setmax("inc", REGS[0])
-                if compute is not None:
-                    compute()
-                    return
-                self.loop(self.iters)
-                self.epilogue()
+                compute()
 
     def zero_acc(self) -> None:
         for i in range(self.frag):

@@ -99,8 +99,9 @@ class WgmmaW(Rule):
         two warpgroups × 128 rows took 0.77x the time of × 64), where those are candidates."""
         twins = [_replaced(hints, ring=1, tma=2, prod=p) for p in PROD]
         sk = dict(ring=1, tma=hints.tma or 2, splits=1)
-        tiles = itertools.product((hints.mt, 2 * hints.mt), SK[1:])  # (a producer: one block an SM)
-        twins += [_replaced(hints, **sk, mt=mt, sk=k, prod=min(hints.prod, 3 - k)) for mt, k in tiles]
+        tiles = itertools.product((hints.mt, 2 * hints.mt), SK[1:])
+        prod = lambda k: hints.prod if k == 1 else min(hints.prod, 1)  # noqa: E731  (a producer: sk 1)
+        twins += [_replaced(hints, **sk, mt=mt, sk=k, prod=prod(k)) for mt, k in tiles]
         cands = self.candidates(spec)
         return [t for t in dict.fromkeys(twins) if t is not None and t != hints and t in cands]
 
