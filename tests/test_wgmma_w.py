@@ -94,15 +94,20 @@ def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
     warp0, producer = (wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, prod=p) for p in (1, 2))
     # and stream-K on 1 block an SM (2 do not fit the shared memory)
     sk = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1)
-    assert rule.twins(spec, plain) == [tma, warp0, producer, sk]
-    assert rule.twins(spec, tma) == [warp0, producer, sk]
-    assert rule.twins(spec, producer) == [tma, warp0, dataclasses.replace(sk, prod=2)]
-    small = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, ring=1, tma=1)  # (no split here: no TMA twin)
-    assert rule.twins(spec, small) == [  # and on 128-row tiles (two such blocks do not fit an SM)
+    # each leaner (the record itself first: the same kernel in fewer instructions)
+    lean = lambda *hs: [dataclasses.replace(h, lean=1) for h in hs]  # noqa: E731
+    assert rule.twins(spec, plain) == lean(plain, tma, warp0, producer, sk)
+    assert rule.twins(spec, tma) == lean(tma, warp0, producer, sk)
+    assert rule.twins(spec, producer) == lean(producer, tma, warp0, dataclasses.replace(sk, prod=2))
+    assert rule.twins(spec, lean(producer)[0]) == lean(tma, warp0, dataclasses.replace(sk, prod=2))
+    # (no split here: neither it leaner nor a TMA twin)
+    small = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, ring=1, tma=1)
+    assert rule.twins(spec, small) == lean(  # and on 128-row tiles (two such blocks do not fit an SM)
         *(wgmma_w.Hints(1, 4, 1, mt=64, ring=1, tma=1, sk=sk) for sk in (1, 2)),
         wgmma_w.Hints(1, 4, 1, mt=128, ring=1, tma=1, sk=1),
-    ]
+    )
     assert rule.default_hints(spec).tma == 2  # what the H100 measured fastest with two warpgroups
+    assert rule.default_hints(spec).lean == 1
 
 
 def test_stream_k_costs_the_work_where_waves_quantize():
@@ -119,6 +124,8 @@ def test_stream_k_costs_the_work_where_waves_quantize():
     assert rule.cost(spec, dataclasses.replace(persistent, prod=1)) == rule.cost(spec, persistent)
     producer = dataclasses.replace(tiles, prod=2)  # a producer warpgroup: measured 0.90x
     assert rule.cost(spec, producer) / rule.cost(spec, tiles) == pytest.approx(0.9)
+    leaner = dataclasses.replace(producer, lean=1)  # 0.94-0.98x measured
+    assert rule.cost(spec, leaner) / rule.cost(spec, producer) == pytest.approx(0.95)
 
 
 @pytest.mark.nvcc
@@ -142,6 +149,9 @@ def test_stream_k_costs_the_work_where_waves_quantize():
         ("mxfp4", "bfloat16", wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=2)),
         ("mxint8", "float16", wgmma_w.Hints(1, 4, 0, mt=64, splits=2, ring=1, tma=2, prod=2)),
         ("mxfp4", "float16", wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1, prod=2)),
+        ("mxfp4", "float16", wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=2, lean=1)),
+        ("mxfp4", "bfloat16", wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1, prod=2, lean=1)),
+        ("mxfp8_e4m3", "float16", wgmma_w.Hints(1, 4, 1, mt=64, splits=2, lean=1)),
     ],
 )
 def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
@@ -172,6 +182,9 @@ def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
     # the producer warpgroup gives its registers to the others (two: 232 a thread) and waits for nothing
     # but empty slots
     assert ("setmaxnreg" in src) == (hints.prod == 2 and hints.wg == 2)
+    # lean: fp4 into fp16 pairs decoded 4 at once (their signs masked byte-wise, 0x80808080)
+    quads = hints.lean and fmt == "mxfp4" and dtype == "float16"
+    assert ("(uint)2155905152" in src) == quads
     big = hints.mt == 256 and hints.prod < 2
     ptxas.assert_wgmmas_async_no_spills(src, tmp_path, spills=4 if big else 0)
     if big:  # 4 bytes with a bias (a 128-register accumulator beside it); none without
@@ -215,6 +228,12 @@ GPU_TILES += [(PROD, 300), (PROD_SK, 77), (PRODUCER, 300), (PRODUCER_128, 150), 
 PRODUCER_SK = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1, prod=2)
 PRODUCER_SK_LONG = wgmma_w.Hints(1, 4, 0, mt=64, ring=1, tma=2, sk=1, prod=2)
 GPU_TILES += [(PRODUCER_SK, 150), (PRODUCER_SK_LONG, 3000)]
+# leaner: 256-row tiles (a step's code words loaded just before its decode), stream-K, every thread's
+# copies and a split K
+LEAN = wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=2, lean=1)
+LEAN_SK = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1, prod=2, lean=1)
+LEAN_SPLIT = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, lean=1)
+GPU_TILES += [(LEAN, 300), (LEAN_SK, 150), (LEAN_SPLIT, 77)]
 # the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu
 PREBUILD = [
     (f, 256, 512, dt, True, h)
@@ -281,7 +300,7 @@ def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m, unfolded):
     "hints",
     [
         *(GPU_TILES[1][0], SPLIT, RING, TMA1, TMA2_SPLIT, BIG, SK1, SK2),
-        *(PROD, PROD_SK, PRODUCER, PRODUCER_SPLIT, PRODUCER_SK),
+        *(PROD, PROD_SK, PRODUCER, PRODUCER_SPLIT, PRODUCER_SK, LEAN, LEAN_SK, LEAN_SPLIT),
     ],
 )
 def test_gpu_one_hot_rows_are_bit_exact(fmt, dtype, hints):

@@ -155,6 +155,28 @@ def decode_pair(
     return tirx.reinterpret(U32, tirx.reinterpret(f"{dtype}x2", biased) - magic)
 
 
+def quad_supported(fmt: Format, dtype: str) -> bool:
+    """Whether :func:`decode_quad` serves ``fmt`` in ``dtype``: 4-bit float codes into fp16, where a
+    code's sign and exponent-mantissa field land in its half's high byte."""
+    return fmt.kind == "float" and fmt.bits == 4 and dtype == "float16" and supported(fmt, dtype)
+
+
+def decode_quad(fmt: Format, word: PrimExpr, cuda: bool = True) -> list[PrimExpr]:
+    """The 4 fp16 pairs of a uint32 ``word`` of 8 codes of ``fmt`` (:func:`quad_supported`; pair
+    ``p``: the codes of byte ``p``, low nibble first), the bits :func:`decode_pair` gives, in ~3
+    integer ops a pair instead of ~4: the 8 codes' high bytes are made byte-wise, four at once (the
+    sign kept at bit 7, the field moved to its place; the low nibbles first moved up 4 bits), and
+    one ``prmt`` a pair takes a code's high byte for each half and a zeroed byte for each low byte."""
+    dest = MANT["float16"] - fmt.mbits - 8  # the field's lowest bit in the high byte
+    field = (2 ** (fmt.bits - 1) - 1) << dest
+    rep = lambda b: u32(b * 0x01010101)  # noqa: E731  (a byte in every byte lane)
+    high = lambda v: (v & rep(0x80)) | (_shift(v, dest - 4) & rep(field))  # noqa: E731
+    hi, lo = high(word), high(word << u32(4))  # the high nibbles' bytes, the low ones'
+    lo_z, hi_z = lo & u32(0x00FFFFFF), hi & u32(0xFFFFFF00)  # byte 3 / byte 0 zeroed
+    out = [prmt(lo_z, hi, 3 | p << 4 | 3 << 8 | (4 + p) << 12, cuda) for p in range(3)]
+    return [*out, prmt(hi_z, lo, 0x3070, cuda)]
+
+
 def bf16_fma(fmt: Format, dtype: str) -> tuple[int, int] | None:
     """(b, c): the bf16x2 words of the exact ``fma.rn.bf16x2 d, a, b, c`` (d = a b + c) that finishes
     a :func:`decode_pair` ``a`` of ``fmt`` in ``dtype``; None when the pair needs none. Floats: times

@@ -39,13 +39,17 @@ def swizzled(row, chunk):
     return row * ROW + tirx.bitwise_xor(chunk, row % 8) * 16
 
 
+# a descriptor's fields but the start address (bits 0-13, in 16 bytes): leading byte offset 1 (unused),
+# stride 1024 bytes (8-row groups), 128-byte swizzle
+DESC = (1 << 16) | ((1024 // 16) << 32) | (1 << 62)
+
+
 def descriptor(T, buf, which: int, start):  # noqa: N803
     """The wgmma matrix descriptor of a 128-byte-swizzled K-major tile from shared address ``start``
     (8-row groups 1024 bytes apart; the leading offset unused, 1), stored in ``buf[which]`` (a local
     uint64 buffer) and returned as its load."""
-    const = (1 << 16) | ((1024 // 16) << 32) | (1 << 62)
     addr = tirx.Cast("uint64", (start & u32(0x3FFFF)) >> u32(4))
-    T.buffer_store(buf, addr | tirx.const(const, "uint64"), [which])
+    T.buffer_store(buf, addr | tirx.const(DESC, "uint64"), [which])
     return tirx.BufferLoad(buf, [which])
 
 

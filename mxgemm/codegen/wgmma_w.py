@@ -70,6 +70,7 @@ from mxgemm.codegen import pairs
 from mxgemm.codegen import target as targets
 from mxgemm.codegen.decode import scale_expr, u32
 from mxgemm.codegen.wgmma import (
+    DESC,
     ROW,
     SMEM_MAX,
     cached,
@@ -114,7 +115,10 @@ class Hints:
     2): who refills the ring: 0, every thread (each waits for the slot it refills to be empty); 1,
     warp 0 alone (its lanes copy the scale codes), the other warps only waiting for slots to fill;
     2 (``wg`` 1 or 2), the first warp of one more warpgroup, the producer, which runs ahead of the
-    others by as many slots as are free."""
+    others by as many slots as are free; lean: 1 to make each wgmma's descriptor by one add to the
+    slot's, each fold multiplier by a byte permute and a multiply-add, and (fp4 into fp16) a lane's
+    4 pairs of a step at once (:func:`~mxgemm.codegen.pairs.decode_quad`): the same bits in fewer
+    instructions a K iteration."""
 
     wg: int = 2
     stages: int = 4
@@ -125,18 +129,19 @@ class Hints:
     tma: int = 0
     sk: int = 0
     prod: int = 0
+    lean: int = 0
 
     def __post_init__(self) -> None:
         ok = self.wg in (1, 2, 3, 4) and 3 <= self.stages <= 6 and self.double in (0, 1)
         ok = ok and self.mt in M_TILES and self.splits in SPLITS and self.ring in (0, 1)
         ok = ok and self.sk in SK and (not self.sk or (self.ring and self.splits == 1))
         ok = ok and self.prod in PROD and (not self.prod or self.tma == 2)
-        ok = ok and (self.prod < 2 or self.wg <= 2)
+        ok = ok and (self.prod < 2 or self.wg <= 2) and self.lean in (0, 1)
         if not ok or self.tma not in TMA or (self.tma and not self.ring):
             raise ValueError(
                 f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 64|128|256, splits 1|2|4|8, "
                 "ring 0|1, tma 0|1|2 (with ring 1), sk 0|1|2 (with ring 1 and splits 1), "
-                "prod 0|1|2 (with tma 2; 2 with wg 1|2)"
+                "prod 0|1|2 (with tma 2; 2 with wg 1|2), lean 0|1"
             )
 
     def to_dict(self) -> dict[str, int]:
@@ -221,6 +226,7 @@ class _Kernel:
         self.w = fmt.bits  # bytes of a lane's 8 codes of a row
         self.fold = pairs.fold(fmt, a_dtype)
         self.fma = pairs.bf16_fma(fmt, a_dtype)
+        self.quads = h.lean and pairs.quad_supported(fmt, a_dtype)  # (one plane of 4-bit codes)
         self.codes_off, self.scales_off, self.slot = h.slot_bytes(fmt.bits)
         self.iters = k // BK // h.splits  # a block's
         self.ahead = h.stages - 2 if h.double else h.stages - 1
@@ -618,14 +624,16 @@ class _Kernel:
             for r in range(2) if late else []:
                 self.lane_words(slot, self.row(r), u, words, r)
             if fold:
-                fac = [
-                    self.code(sc, r, u) * u32(self.fold.mul) + tirx.BufferLoad(self.fold_add, [r])
-                    for r in range(2)
-                ]
+                fac = [self.multiplier(sc, r, u) for r in range(2)]
+            if self.quads:  # a row's 4 pairs of the step at once
+                quads = [pairs.decode_quad(self.fmt, tirx.BufferLoad(words, [u, r, 0])) for r in range(2)]
             for g, q in itertools.product(range(2), range(4)):
                 # wgmma g's A: rows quad / quad+8 (q % 2) × K 16g + 2j.. / +8 (q // 2)
                 wd = lambda p, i, u=u, r=q % 2: tirx.BufferLoad(words, [u, r, i])  # noqa: E731
-                pair = pairs.decode_pair(self.fmt, wd, 2 * g + q // 2, dtype=self.a_dtype)
+                if self.quads:
+                    pair = quads[q % 2][2 * g + q // 2]
+                else:
+                    pair = pairs.decode_pair(self.fmt, wd, 2 * g + q // 2, dtype=self.a_dtype)
                 T.buffer_store(self.afr, pair, [buf, u, g, q])
                 a = self.afr[buf, u, g, q]
                 if self.fma is not None and not (fold and self.fold.merged):  # the magic number
@@ -646,6 +654,16 @@ class _Kernel:
     def code(sc, r: int, u: int):
         return (tirx.BufferLoad(sc, [r]) >> u32(8 * u)) & u32(255)
 
+    def multiplier(self, sc, r: int, u: int):
+        """The fold multiplier of row ``r``'s step ``u`` (:class:`~mxgemm.codegen.pairs.Fold`): the
+        code times ``mul`` plus the row's addend; ``lean``: the code put in both 16-bit halves by one
+        ``prmt`` (``mul`` is a power of two times ``0x10001``), then one multiply-add."""
+        add = tirx.BufferLoad(self.fold_add, [r])
+        if not self.h.lean:
+            return self.code(sc, r, u) * u32(self.fold.mul) + add
+        both = pairs.prmt(tirx.BufferLoad(sc, [r]), u32(0), 0x4040 | u << 8 | u, cuda=True)
+        return both * u32(self.fold.mul // 0x10001) + add
+
     def mma(self, slot, buf: int, steps=range(BK // STEP), into=None, part: int = 0, fresh=None) -> None:
         """The wgmmas (2 k16 a step) of the slot's ``steps`` into the accumulator (the first of them
         overwrites it where ``fresh``, a runtime condition), or ``into`` (a fragment the first of them
@@ -656,15 +674,24 @@ class _Kernel:
         cols = self.m_tile if into is None or into is self.acc else self.part
         op = T.ptx[f"wgmma.mma_async.sync.aligned.m64n{cols}k16.f32.{ab}.{ab}"]
         regs = [tirx.BufferLoad(self.acc if into is None else into, [i]) for i in range(cols // 2)]
+        if self.h.lean:  # the slot's descriptor, to which each wgmma adds its offset / 16
+            lo = T.alloc_buffer((1,), "uint32", scope="local")
+            desc = descriptor(T, self.desc, 0, self._addr(slot, 0))
+            T.buffer_store(lo, tirx.Cast("uint32", desc), [0])
         T.evaluate(T.ptx.wgmma.fence.sync.aligned())
         for n_, (u, g) in enumerate(itertools.product(steps, range(2))):
             kk = 2 * u + g  # k16 slice of the slot: half kk // 4, 32 bytes each
-            start = self._addr(slot, (kk // 4) * self.m_tile * ROW + part * cols * ROW + (kk % 4) * 32)
+            off = (kk // 4) * self.m_tile * ROW + part * cols * ROW + (kk % 4) * 32
+            if self.h.lean:  # (a slot's bytes lie below 256 KB: no carry out of the address field)
+                lo_kk = tirx.Cast("uint64", tirx.BufferLoad(lo, [0]) + u32(off // 16))
+                desc = lo_kk | tirx.const(DESC >> 32 << 32, "uint64")
+            else:
+                desc = descriptor(T, self.desc, 0, self._addr(slot, off))
             a = [tirx.BufferLoad(self.afr, [buf, u, g, q]) for q in range(4)]
             acc_in = tirx.const(into is None or n_ > 0, "bool")
             if fresh is not None and n_ == 0:
                 acc_in = tirx.Not(fresh)
-            T.evaluate(op(*regs, *a, descriptor(T, self.desc, 0, start), acc_in, 1, 1, 0))
+            T.evaluate(op(*regs, *a, desc, acc_in, 1, 1, 0))
         T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
 
     # ---- the K loop -----------------------------------------------------------------------------

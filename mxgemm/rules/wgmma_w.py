@@ -45,7 +45,8 @@ class WgmmaW(Rule):
         if not self._serves(spec):
             return []
         f = formats.get(spec.fmt)
-        space = itertools.product((1, 2, 4), (3, 4, 5), (1, 0), M_TILES, SPLITS, (0, 1), TMA, SK, PROD)
+        tiles = ((1, 2, 4), (3, 4, 5), (1, 0), M_TILES, SPLITS)
+        space = itertools.product(*tiles, (0, 1), TMA, SK, PROD, (1, 0))
         ok = lambda p: (  # noqa: E731
             p[3] <= spec.m_bucket
             and (p[5] or not p[6])
@@ -89,7 +90,7 @@ class WgmmaW(Rule):
         ring = (0.9 if h.wg > 1 else 1.1) if h.ring else 1.0
         ring *= (0.9, 0.85)[h.tma - 1] if h.tma and h.wg > 1 else 1.02 if h.tma else 1.0
         prod = (1.0, 0.92 if h.mt == 256 else 0.97, 0.9)[h.prod] if not h.sk else 1.0
-        ring *= prod * (1.0 + 0.1 * abs(h.stages - 4))
+        ring *= prod * (1.0 + 0.1 * abs(h.stages - 4)) * (0.95 if h.lean else 1.0)
         return short * measured * ring * (1.0 + 0.05 * (h.splits - 1))
 
     def twins(self, spec: Any, hints: Hints) -> list[Hints]:
@@ -97,11 +98,13 @@ class WgmmaW(Rule):
         and a producer warpgroup (``prod``), and that unsplit on a stream-K grid of 1 and 2 blocks an
         SM, with its M tile and twice it (stream-K pays per tile a block runs: on 8192² at 128 rows
         two warpgroups × 128 rows took 0.77x the time of × 64), where those are candidates."""
-        twins = [_replaced(hints, ring=1, tma=2, prod=p) for p in PROD]
+        twins = [_replaced(hints, lean=1)]
+        hints_ = twins[0] or hints  # the others lean too
+        twins += [_replaced(hints_, ring=1, tma=2, prod=p) for p in PROD]
         sk = dict(ring=1, tma=hints.tma or 2, splits=1)
         tiles = itertools.product((hints.mt, 2 * hints.mt), SK[1:])
         prod = lambda k: hints.prod if k == 1 else min(hints.prod, 1)  # noqa: E731  (a producer: sk 1)
-        twins += [_replaced(hints, **sk, mt=mt, sk=k, prod=prod(k)) for mt, k in tiles]
+        twins += [_replaced(hints_, **sk, mt=mt, sk=k, prod=prod(k)) for mt, k in tiles]
         cands = self.candidates(spec)
         return [t for t in dict.fromkeys(twins) if t is not None and t != hints and t in cands]
 
