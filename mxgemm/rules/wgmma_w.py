@@ -82,7 +82,10 @@ class WgmmaW(Rule):
         and 8192², 0.97x with × 128 at 128 rows, nothing off stream-K; a producer warpgroup (``prod``
         2) 0.89-0.94x and 0.90x, and one warpgroup × 64 rows at 64 rows on 4096×14336 0.55x warp 0's
         time (``wgmma_w-prod-*.txt``); with stream-K 0.84-0.93x (``wgmma_w-prod-sk-*.txt``), which
-        the model leaves to the twins (the tuning rounds chose it at 128 rows on 4 of 6 shapes)."""
+        the model leaves to the twins (the tuning rounds chose it at 128 rows on 4 of 6 shapes). ``lean``
+        (the same kernel in fewer instructions) ran the records' hints 1.00-1.09x faster in fp16 and
+        1.00-1.06x in bf16 (``tune-lean-*.jsonl``; 0.975-0.99x with two warpgroups × 256 rows on
+        28672×8192): 0.95."""
         waves = _blocks(spec, h) * h.splits / _slots(spec, h)
         short = math.ceil(waves) / waves if not h.sk else 1.03 * (1.0 if h.sk == _per_sm(h) else 1.05)
         tile = {64: 1.0, 128: 1.1, 256: 0.85}[h.mt]
@@ -94,10 +97,11 @@ class WgmmaW(Rule):
         return short * measured * ring * (1.0 + 0.05 * (h.splits - 1))
 
     def twins(self, spec: Any, hints: Hints) -> list[Hints]:
-        """``hints`` with its loads by TMA (the ring on, ``tma`` 2), refilled by every thread, warp 0
-        and a producer warpgroup (``prod``), and that unsplit on a stream-K grid of 1 and 2 blocks an
-        SM, with its M tile and twice it (stream-K pays per tile a block runs: on 8192² at 128 rows
-        two warpgroups × 128 rows took 0.77x the time of × 64), where those are candidates."""
+        """``hints`` leaner (``lean`` 1; the twins below lean too), with its loads by TMA (the ring
+        on, ``tma`` 2), refilled by every thread, warp 0 and a producer warpgroup (``prod``), and
+        that unsplit on a stream-K grid of 1 and 2 blocks an SM, with its M tile and twice it
+        (stream-K pays per tile a block runs: on 8192² at 128 rows two warpgroups × 128 rows took
+        0.77x the time of × 64), where those are candidates."""
         twins = [_replaced(hints, lean=1)]
         hints_ = twins[0] or hints  # the others lean too
         twins += [_replaced(hints_, ring=1, tma=2, prod=p) for p in PROD]
