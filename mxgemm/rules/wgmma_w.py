@@ -102,13 +102,12 @@ class WgmmaW(Rule):
         that unsplit on a stream-K grid of 1 and 2 blocks an SM, with its M tile and twice it
         (stream-K pays per tile a block runs: on 8192² at 128 rows two warpgroups × 128 rows took
         0.77x the time of × 64), where those are candidates."""
-        twins = [_replaced(hints, lean=1)]
-        hints_ = twins[0] or hints  # the others lean too
-        twins += [_replaced(hints_, ring=1, tma=2, prod=p) for p in PROD]
+        leaner = _replaced(hints, lean=1) or hints  # (the twins below lean too)
+        twins = [leaner, *(_replaced(leaner, ring=1, tma=2, prod=p) for p in PROD)]
         sk = dict(ring=1, tma=hints.tma or 2, splits=1)
         tiles = itertools.product((hints.mt, 2 * hints.mt), SK[1:])
         prod = lambda k: hints.prod if k == 1 else min(hints.prod, 1)  # noqa: E731  (a producer: sk 1)
-        twins += [_replaced(hints_, **sk, mt=mt, sk=k, prod=prod(k)) for mt, k in tiles]
+        twins += [_replaced(leaner, **sk, mt=mt, sk=k, prod=prod(k)) for mt, k in tiles]
         cands = self.candidates(spec)
         return [t for t in dict.fromkeys(twins) if t is not None and t != hints and t in cands]
 
