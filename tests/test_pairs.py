@@ -60,18 +60,17 @@ def _fma_bf16x2(a: np.ndarray, b: int, c: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    ("name", "dtype", "left"),
-    [(*c, left) for c in CASES for left in (False, True)]
+    ("name", "dtype", "how"),
+    [(*c, how) for c in CASES for how in ("right", "left")]
     + [(*c, "quad") for c in CASES if pairs.quad_supported(formats.get(c[0]), c[1])],
 )
-def test_every_code_pair_bit_exact(name, dtype, left):
+def test_every_code_pair_bit_exact(name, dtype, how):
     """Every code at every position of a run of 8 (and each next to every other code) decodes to
     its value times the format's offset, exactly, in fp16 and in bf16 (both byte-lane choices:
-    ``left``; ``"quad"``: :func:`pairs.decode_quad`'s four pairs a word, where it serves)."""
+    ``how`` "right" / "left"; "quad": :func:`pairs.decode_quad`'s four pairs a word, where it serves)."""
     import tvm
 
     fmt = formats.get(name)
-    quad = left == "quad"
     spec = oracle.SPECS[name]
     n = 2**fmt.bits
     rng = np.random.default_rng(fmt.bits)
@@ -84,7 +83,7 @@ def test_every_code_pair_bit_exact(name, dtype, left):
     words = _words(codes, fmt.bits)
     out = np.zeros((codes.shape[0], 4), np.uint32)
     w_t, o_t = tvm.runtime.tensor(words), tvm.runtime.tensor(out)
-    _decode_fn(fmt, codes.shape[0], left is True, dtype, quad)(w_t, o_t)
+    _decode_fn(fmt, codes.shape[0], how == "left", dtype, how == "quad")(w_t, o_t)
     raw = o_t.numpy()
     if (fma := pairs.bf16_fma(fmt, dtype)) is not None:
         raw = _fma_bf16x2(raw, *fma)
