@@ -93,10 +93,10 @@ def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[s
                 if op == "decode" and decided in ops.DECIDED_BUCKETS:
                     # decode + cuBLAS for want of a record: the fused rule against it, as a candidate
                     fused = Task(fmt, n, k, decided, a_dtype, arch)
-                    if rules.tunable(fused.spec()):
+                    if rules.rule_for(fused.spec()) is not None:
                         op, bucket = "linear", decided
                 task = Task(fmt, n, k, bucket, a_dtype, arch)
-                if op == "decode" or not rules.tunable(task.spec()):
+                if op == "decode" or rules.rule_for(task.spec()) is None:
                     path = (
                         ("decode + cuBLAS" if cuda else "decode + torch's GEMM")
                         if op == "decode"
@@ -119,8 +119,11 @@ def candidates(task: Task, budget: int) -> list[tuple[str, dict[str, Any]]]:
     from mxgemm import rules
 
     spec = task.spec()
+    routed = rules.rule_for(spec)
+    if routed is None:
+        return []
     out = []
-    for rule in rules.tunable(spec):
+    for rule in (routed, *rules.rivals(spec)):
         default = rule.default_hints(spec)
         tuned = [h for h in (_recorded(task, rule), _fp16_twin(task, rule)) if h is not None]
         seeds = [h for h in (default, *tuned) if h is not None]
@@ -173,14 +176,13 @@ def _recorded(task: Task, rule) -> Any:
 
 
 def rule_of(task: Task) -> str:
-    """The name of the rule whose hints :func:`candidates` gives first for ``task`` (the router's, or
-    where none serves the bucket untuned, the first rival's)."""
+    """The name of the rule whose hints :func:`candidates` gives for ``task`` (the router's)."""
     from mxgemm import rules
 
-    served = rules.tunable(task.spec())
-    if not served:
+    rule = rules.rule_for(task.spec())
+    if rule is None:
         raise TuneError(f"{task}: no rule with hints serves it")
-    return served[0].name
+    return rule.name
 
 
 # ---- step 1: build ---------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from mxgemm.codegen import cache
 from mxgemm.codegen import target as targets
 from mxgemm.codegen.shapes import CPU_M_BUCKETS, check_shape, dtype_name
 
-M_BUCKETS = (1, 4, 16, 64, 128, 256, 1024, None)  # None: no upper bound
+M_BUCKETS = (1, 4, 16, 64, 128, 256, None)  # None: no upper bound
 OPS = ("linear", "decode")
 
 

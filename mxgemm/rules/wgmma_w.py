@@ -1,10 +1,8 @@
 """GPU rule ``wgmma_w``: Hopper's wgmma fed from registers for fp16 or bf16 activations at mid M (buckets
-64, 128, 256, and 1024 for 257-1024 rows, which decode + cuBLAS serves untuned). Not routed untuned:
-it runs where the tune log names it, the tuner measuring it beside the ``mma`` rule (up to 256 rows)
-and decode + cuBLAS (on an H200 it won 12 of 24 tasks at 64 rows, 16 of 24 at 128 and none at 256:
-``benchmarks/results/NVIDIA_H200/tune-wgmma_w-r2-6cd8000.md``; on an H100 at 1024 rows, 7 of 9
-shapes, 1.02-1.21x decode + cuBLAS: ``tune-m1024-68d22d1.jsonl``). This module is the policy; the
-kernel and what its hints mean are :mod:`mxgemm.codegen.wgmma_w`.
+64, 128, 256). Not routed untuned: it runs where the tune log names it, the tuner measuring it beside
+the ``mma`` rule and decode + cuBLAS (on an H200 it won 12 of 24 tasks at 64 rows, 16 of 24 at 128 and
+none at 256: ``benchmarks/results/NVIDIA_H200/tune-wgmma_w-r2-6cd8000.md``). This module is the
+policy; the kernel and what its hints mean are :mod:`mxgemm.codegen.wgmma_w`.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from mxgemm.codegen import target as targets
 from mxgemm.codegen.wgmma_w import M_TILES, PROD, SK, SPLITS, TMA, Hints, applies, kernel
 from mxgemm.rules.base import Rule, Scheduled, cheapest, cuda_linear
 
-BUCKETS = (64, 128, 256, 1024)
+BUCKETS = (64, 128, 256)
 
 
 class WgmmaW(Rule):
