@@ -27,7 +27,8 @@ FP16_MAX = 65504.0
 DECODE_ABOVE = 4  # CUDA, more rows than this: decode W in 16 bits, then cuBLAS (see `plan`)
 # CUDA M buckets where decode + cuBLAS competes with the fused kernel and the tune log decides (a
 # record of rule DECODE_RULE: decode + cuBLAS measured fastest); 128, 256: fused only where a record says so
-DECIDED_BUCKETS, FUSED_IF_TUNED = (64, 128, 256), (128, 256)
+WIDE = (384, 512, 640, 768, 896, 1024)  # 257-1024 rows: decode + cuBLAS unless a fused record wins
+DECIDED_BUCKETS, FUSED_IF_TUNED = (64, 128, 256, *WIDE), (128, 256, *WIDE)
 DECODE_RULE = "dequant"  # the rule of the standalone decode kernel
 CPU_FUSED_UP_TO = 4  # CPU, up to this many rows: the few-row GEMV (cpu_gemv), where it tiles the shape
 CPU_CHUNK_MB = 4.0  # CPU: MB of decoded weights per chunk (L2/L3-resident when the GEMM reads them)
@@ -73,8 +74,8 @@ def plan(
     sub-byte codes when ``tensorcore`` applies: it wins from 3 rows there); ``tensorcore`` up to 64
     rows; decode + cuBLAS beyond. In the buckets :data:`DECIDED_BUCKETS` the tune log decides: a
     :data:`DECODE_RULE` record (decode + cuBLAS timed faster than every fused candidate) routes to the
-    decode, a record of a fused rule to that kernel (``wgmma_w`` runs only so), and the buckets 128 and
-    256 run fused only where such a record says so."""
+    decode, a record of a fused rule to that kernel (``wgmma_w`` runs only so), and the buckets from 128
+    rows up (:data:`WIDE` past 256) run fused only where such a record says so."""
     from mxgemm import rules
     from mxgemm.layout import plane_widths
     from mxgemm.rules.tensorcore import M_TILES as TC_TILES

@@ -93,10 +93,10 @@ def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[s
                 if op == "decode" and decided in ops.DECIDED_BUCKETS:
                     # decode + cuBLAS for want of a record: the fused rule against it, as a candidate
                     fused = Task(fmt, n, k, decided, a_dtype, arch)
-                    if rules.rule_for(fused.spec()) is not None:
+                    if rules.tunable(fused.spec()):
                         op, bucket = "linear", decided
                 task = Task(fmt, n, k, bucket, a_dtype, arch)
-                if op == "decode" or rules.rule_for(task.spec()) is None:
+                if op == "decode" or not rules.tunable(task.spec()):
                     path = (
                         ("decode + cuBLAS" if cuda else "decode + torch's GEMM")
                         if op == "decode"
@@ -119,11 +119,8 @@ def candidates(task: Task, budget: int) -> list[tuple[str, dict[str, Any]]]:
     from mxgemm import rules
 
     spec = task.spec()
-    routed = rules.rule_for(spec)
-    if routed is None:
-        return []
     out = []
-    for rule in (routed, *rules.rivals(spec)):
+    for rule in rules.tunable(spec):
         default = rule.default_hints(spec)
         tuned = [h for h in (_recorded(task, rule), _fp16_twin(task, rule)) if h is not None]
         seeds = [h for h in (default, *tuned) if h is not None]
@@ -176,13 +173,14 @@ def _recorded(task: Task, rule) -> Any:
 
 
 def rule_of(task: Task) -> str:
-    """The name of the rule whose hints :func:`candidates` gives for ``task`` (the router's)."""
+    """The name of the rule whose hints :func:`candidates` gives first for ``task`` (the router's, or
+    where none serves the bucket untuned, the first rival's)."""
     from mxgemm import rules
 
-    rule = rules.rule_for(task.spec())
-    if rule is None:
+    served = rules.tunable(task.spec())
+    if not served:
         raise TuneError(f"{task}: no rule with hints serves it")
-    return rule.name
+    return served[0].name
 
 
 # ---- step 1: build ---------------------------------------------------------------------------------
@@ -397,7 +395,26 @@ def measure_task(
             if any(u is not None for u in us) and seconds is not None and time.perf_counter() - t0 > seconds:
                 break
             us[i] = _time(kernels[i], task)
+        _first_row_too(task, group, kernels, us)
     return us
+
+
+def _first_row_too(task: Task, group: list[dict[str, Any]], kernels: list, us: list[float | None]) -> None:
+    """In a bucket past 256 rows (:data:`mxgemm.ops.WIDE`), a fused candidate must also beat decode +
+    cuBLAS at the bucket's first row, where its part-filled M tile costs it most (``us`` set to None
+    where it does not: it gets no record, so the log keeps decode + cuBLAS or a candidate that wins at
+    both ends). The bucket's record serves every row of it, but is timed at its last."""
+    if task.m_bucket not in ops.WIDE or not any(e["rule"] == DECODE_RULE for e in group):
+        return
+    first = replace(task, m_bucket=builder.M_BUCKETS[builder.M_BUCKETS.index(task.m_bucket) - 1] + 1)
+    timed = [i for i, u in enumerate(us) if u is not None]
+    low = {i: _time(kernels[i], first) for i in timed}
+    decode = next((low[i] for i in timed if group[i]["rule"] == DECODE_RULE), None)
+    for i in timed:
+        if decode is not None and group[i]["rule"] != DECODE_RULE and low[i] > decode:
+            log.info("%s %s: %.1f µs at %d rows, decode + cuBLAS %.1f: no record", task, group[i]["hints"],
+                     low[i], first.m_bucket, decode)  # fmt: skip
+            us[i] = None
 
 
 class DecodeThenGemm:

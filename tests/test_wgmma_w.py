@@ -243,6 +243,7 @@ PREBUILD = [
 ]
 # test_gpu_linear_runs_the_records_kernel's: its record's layer, n, k, bucket and hints
 LINEAR = ("mxfp4", 512, 1024, 128, wgmma_w.Hints(2, 4, 1, mt=64, splits=2, ring=1, tma=2))
+LINEAR_384 = ("mxfp4", 512, 1024, 384, wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=2, lean=1))
 hopper = pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
     reason="needs a Hopper GPU",
@@ -343,6 +344,24 @@ def test_the_rule_runs_where_a_record_names_it(tmp_path, monkeypatch):
     assert ops.plan(100, "sm_90", "mxfp4", 1024, 1024, "float16") == ("decode", None)  # another shape
 
 
+def test_the_rule_serves_257_to_1024_rows_where_a_record_names_it(tmp_path, monkeypatch):
+    """Buckets of 128 rows from 257 to 1024 rows: decode + cuBLAS untuned (no routed rule serves them),
+    the fused kernel where the log's record for that bucket says it measured faster; past 1024 rows
+    decode + cuBLAS."""
+    sm90 = targets.cuda("sm_90")
+    for bucket in ops.WIDE:
+        spec = builder.KernelSpec("mxfp4", 512, 1024, bucket, "float16", "float16", False, 32, sm90)
+        assert rules.route(spec) == [rules.get("dlight")] and rules.tunable(spec) == [rules.get("wgmma_w")]
+    buckets = {m: builder.m_bucket_for(m, "cuda") for m in (256, 257, 384, 385, 1000, 1024, 1025)}
+    assert buckets == {256: 256, 257: 384, 384: 384, 385: 512, 1000: 1024, 1024: 1024, 1025: None}
+    assert ops.plan(300, "sm_90", "mxfp4", 512, 1024, "float16") == ("decode", None)
+    _record(tmp_path, monkeypatch, "mxfp4", 512, 1024, 384, wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2))
+    for m in (257, 300, 384):
+        assert ops.plan(m, "sm_90", "mxfp4", 512, 1024, "float16") == ("linear", 384)
+    for m in (256, 385, 1024, 1025):  # buckets without a record
+        assert ops.plan(m, "sm_90", "mxfp4", 512, 1024, "float16") == ("decode", None)
+
+
 @pytest.mark.nvcc
 def test_a_records_kernel_is_built_for_sm_90a(tmp_path, monkeypatch):
     """Built for the ``sm_90`` target the rules and the log know, compiled for ``sm_90a`` (ptxas
@@ -361,11 +380,12 @@ def test_a_records_kernel_is_built_for_sm_90a(tmp_path, monkeypatch):
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_gpu_linear_runs_the_records_kernel(tmp_path, monkeypatch, dtype):
-    """``mxgemm.linear`` at 100 rows with a ``wgmma_w`` record (split K: its workspace comes from TVM's
-    pool): the record's kernel, against the oracle's float64 product, one-hot rows bit for bit, and
-    a CUDA graph's replay equal to the eager call."""
-    (fmt, n, k, bucket, hints), m = LINEAR, 100
+@pytest.mark.parametrize("record", [LINEAR, LINEAR_384])
+def test_gpu_linear_runs_the_records_kernel(tmp_path, monkeypatch, dtype, record):
+    """``mxgemm.linear`` with a ``wgmma_w`` record, at 100 rows (split K: its workspace comes from TVM's
+    pool) and at 300 (bucket 384, 256-row tiles): the record's kernel, against the oracle's float64
+    product, one-hot rows bit for bit, and a CUDA graph's replay equal to the eager call."""
+    (fmt, n, k, bucket, hints), m = record, 100 if record[3] == 128 else 300
     _record(tmp_path, monkeypatch, fmt, n, k, bucket, hints)
     dt = getattr(torch, dtype)
     torch.manual_seed(1)

@@ -65,6 +65,13 @@ def route(spec: Any) -> list[Rule]:
     return [r for r in map(get, names) if r.routed and r.applies(spec)]
 
 
+def tunable(spec: Any) -> list[Rule]:
+    """The rules whose candidates the tuner measures for ``spec``: :func:`rule_for`'s (if any), then
+    :func:`rivals` (a bucket that only a rival serves, e.g. ``wgmma_w``'s 1024, has no routed one)."""
+    routed = rule_for(spec)
+    return [*([routed] if routed is not None else []), *rivals(spec)]
+
+
 def rivals(spec: Any) -> list[Rule]:
     """The tunable rules that serve ``spec`` but that the router does not try untuned (``routed``
     False, e.g. ``wgmma_w``, or left out by its policy: ``mma`` for 8-bit codes at M=1), in
