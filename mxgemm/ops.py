@@ -26,7 +26,8 @@ _DTYPE_NAMES = {v: k for k, v in A_DTYPES.items()}  # torch.float16 -> "float16"
 FP16_MAX = 65504.0
 DECODE_ABOVE = 4  # CUDA, more rows than this: decode W in 16 bits, then cuBLAS (see `plan`)
 # CUDA M buckets where decode + cuBLAS competes with the fused kernel and the tune log decides (a
-# record of rule DECODE_RULE: decode + cuBLAS measured fastest); 128, 256: fused only where a record says so
+# record of rule DECODE_RULE: decode + cuBLAS measured fastest); from 128 rows: fused only where a record
+# says so
 WIDE = (384, 512, 640, 768, 896, 1024)  # 257-1024 rows: decode + cuBLAS unless a fused record wins
 DECIDED_BUCKETS, FUSED_IF_TUNED = (64, 128, 256, *WIDE), (128, 256, *WIDE)
 DECODE_RULE = "dequant"  # the rule of the standalone decode kernel

@@ -67,7 +67,8 @@ def route(spec: Any) -> list[Rule]:
 
 def tunable(spec: Any) -> list[Rule]:
     """The rules whose candidates the tuner measures for ``spec``: :func:`rule_for`'s (if any), then
-    :func:`rivals` (a bucket that only a rival serves, e.g. ``wgmma_w``'s 1024, has no routed one)."""
+    :func:`rivals` (a bucket that only a rival serves, e.g. ``wgmma_w``'s past 256 rows, has no routed
+    one)."""
     routed = rule_for(spec)
     return [*([routed] if routed is not None else []), *rivals(spec)]
 
