@@ -18,6 +18,7 @@ import torch
 from mxgemm import formats, layout
 from mxgemm.codegen import build as builder
 from mxgemm.codegen import target as targets
+from mxgemm.codegen.shapes import WIDE_M_BUCKETS
 from mxgemm.config import A_DTYPES
 from mxgemm.weight import MxWeight
 
@@ -28,7 +29,7 @@ DECODE_ABOVE = 4  # CUDA, more rows than this: decode W in 16 bits, then cuBLAS 
 # CUDA M buckets where decode + cuBLAS competes with the fused kernel and the tune log decides (a
 # record of rule DECODE_RULE: decode + cuBLAS measured fastest); from 128 rows: fused only where a record
 # says so
-WIDE = (384, 512, 640, 768, 896, 1024)  # 257-1024 rows: decode + cuBLAS unless a fused record wins
+WIDE = WIDE_M_BUCKETS  # 257-1024 rows: decode + cuBLAS unless a fused record wins
 DECIDED_BUCKETS, FUSED_IF_TUNED = (64, 128, 256, *WIDE), (128, 256, *WIDE)
 DECODE_RULE = "dequant"  # the rule of the standalone decode kernel
 CPU_FUSED_UP_TO = 4  # CPU, up to this many rows: the few-row GEMV (cpu_gemv), where it tiles the shape

@@ -404,16 +404,16 @@ def _first_row_too(task: Task, group: list[dict[str, Any]], kernels: list, us: l
     cuBLAS at the bucket's first row, where its part-filled M tile costs it most (``us`` set to None
     where it does not: it gets no record, so the log keeps decode + cuBLAS or a candidate that wins at
     both ends). The bucket's record serves every row of it, but is timed at its last."""
-    if task.m_bucket not in ops.WIDE or not any(e["rule"] == DECODE_RULE for e in group):
+    timed = [i for i, u in enumerate(us) if u is not None]
+    at = next((i for i in timed if group[i]["rule"] == DECODE_RULE), None)
+    if task.m_bucket not in ops.WIDE or at is None:  # (decode + cuBLAS not timed: nothing to beat)
         return
     first = replace(task, m_bucket=builder.M_BUCKETS[builder.M_BUCKETS.index(task.m_bucket) - 1] + 1)
-    timed = [i for i, u in enumerate(us) if u is not None]
-    low = {i: _time(kernels[i], first) for i in timed}
-    decode = next((low[i] for i in timed if group[i]["rule"] == DECODE_RULE), None)
+    decode = _time(kernels[at], first)
     for i in timed:
-        if decode is not None and group[i]["rule"] != DECODE_RULE and low[i] > decode:
+        if i != at and (low := _time(kernels[i], first)) > decode:
             log.info("%s %s: %.1f µs at %d rows, decode + cuBLAS %.1f: no record", task, group[i]["hints"],
-                     low[i], first.m_bucket, decode)  # fmt: skip
+                     low, first.m_bucket, decode)  # fmt: skip
             us[i] = None
 
 

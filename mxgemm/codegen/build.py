@@ -19,10 +19,9 @@ import mxgemm
 from mxgemm import formats, system
 from mxgemm.codegen import cache
 from mxgemm.codegen import target as targets
-from mxgemm.codegen.shapes import CPU_M_BUCKETS, check_shape, dtype_name
+from mxgemm.codegen.shapes import CPU_M_BUCKETS, WIDE_M_BUCKETS, check_shape, dtype_name
 
-# past 256 rows, 128-row steps to 1024: a fused kernel wins or loses by the part-filled M tile it computes
-M_BUCKETS = (1, 4, 16, 64, 128, 256, 384, 512, 640, 768, 896, 1024, None)  # None: no upper bound
+M_BUCKETS = (1, 4, 16, 64, 128, 256, *WIDE_M_BUCKETS, None)  # None: no upper bound
 OPS = ("linear", "decode")
 
 

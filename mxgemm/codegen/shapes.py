@@ -8,6 +8,8 @@ from mxgemm.options import A_DTYPE_NAMES
 
 A_DTYPES = tuple(A_DTYPE_NAMES)  # "float16", "bfloat16"
 CPU_M_BUCKETS = (1, 4)  # the CPU's static-M kernels (the few-row GEMV); other M: one dynamic-M kernel
+# CUDA, 257-1024 rows in 128-row steps: a fused kernel wins or loses by the part-filled M tile it computes
+WIDE_M_BUCKETS = (384, 512, 640, 768, 896, 1024)
 
 
 def check_shape(n: int, k: int, block_size: int) -> None:

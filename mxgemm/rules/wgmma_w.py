@@ -17,10 +17,11 @@ from typing import Any
 
 from mxgemm import formats
 from mxgemm.codegen import target as targets
+from mxgemm.codegen.shapes import WIDE_M_BUCKETS
 from mxgemm.codegen.wgmma_w import M_TILES, PROD, SK, SPLITS, TMA, Hints, applies, kernel
 from mxgemm.rules.base import Rule, Scheduled, cheapest, cuda_linear
 
-BUCKETS = (64, 128, 256, 384, 512, 640, 768, 896, 1024)
+BUCKETS = (64, 128, 256, *WIDE_M_BUCKETS)
 
 
 class WgmmaW(Rule):
