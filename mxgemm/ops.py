@@ -323,17 +323,22 @@ def clear_kernels() -> None:
     plan.cache_clear()
 
 
-def _decode_then_cublas(x2, planes, scales, bias, fmt, block_size, n, k, kernel=None) -> torch.Tensor:
+def _decode_then_cublas(
+    x2, planes, scales, bias, fmt, block_size, n, k, kernel=None, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """``x2 @ W.T (+ bias)`` with W decoded into ``x2.dtype`` by the generated decode kernel (``kernel``,
     else the cached one), then cuBLAS; with :func:`decode_chunk_rows` < n, a row chunk at a time
-    (``Y.T[chunk] = W[chunk] @ x2.T``)."""
+    (``Y.T[chunk] = W[chunk] @ x2.T``). ``out``: ``x2.dtype [m, n]`` to write Y into (the tuner's
+    harness, whose kernels write their output), else a new tensor."""
     rows = decode_chunk_rows(n, k)
     if kernel is None:
         kernel = _kernel(x2.device, fmt, rows, k, None, x2.dtype, False, block_size, "decode")
     w = torch.empty(rows, k, dtype=x2.dtype, device=x2.device)
     if rows == n:
         builder.launch(kernel, [*planes, scales, w])
-        return torch.nn.functional.linear(x2, w, bias)
+        if out is None:
+            return torch.nn.functional.linear(x2, w, bias)
+        return torch.mm(x2, w.T, out=out) if bias is None else torch.addmm(bias, x2, w.T, out=out)
     out_t = torch.empty(n, x2.shape[0], dtype=x2.dtype, device=x2.device)
     for r in range(0, n, rows):
         builder.launch(kernel, [*(p[r : r + rows] for p in planes), scales[r : r + rows], w])
@@ -341,7 +346,7 @@ def _decode_then_cublas(x2, planes, scales, bias, fmt, block_size, n, k, kernel=
             torch.mm(w, x2.T, out=out_t[r : r + rows])
         else:
             torch.addmm(bias[r : r + rows, None], w, x2.T, out=out_t[r : r + rows])
-    return out_t.T.contiguous()
+    return out_t.T.contiguous() if out is None else out.copy_(out_t.T)
 
 
 def cpu_gemm_dtype(dtype: torch.dtype) -> torch.dtype:
