@@ -132,3 +132,23 @@ def test_another_users_private_entries_are_rebuilt_elsewhere_not_crashed_on(area
         got = _as_other_user(area / "tmp", SPEC_A)
     assert got["built"] and not got["paths"][json.dumps(SPEC_A)].startswith(str(shared))
     assert lib_a.read_bytes() == b"library-bytes"  # the owner's entry is left alone
+
+
+def test_a_miss_under_a_runtime_only_tvm_names_the_kernel_and_the_way_out(tmp_path):
+    """On a GPU box carrying prebuilt kernels and TVM without its compiler library (the device kit), a
+    kernel missing from the cache is one clear error naming it, the cache and how to build it, not
+    TVM's ImportError from deep in its script parser."""
+    import tvm
+
+    runtime = tmp_path / "site"
+    shutil.copytree(Path(tvm.__file__).parent, runtime / "tvm", symlinks=True, copy_function=os.symlink)
+    (runtime / "tvm" / "lib" / "libtvm_compiler.so").unlink()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(runtime), *sys.path]))
+    env[cache.ENV_VAR] = str(tmp_path / "cache")
+    child = "import mxgemm; mxgemm.build('mxfp4', n=256, k=256, m_bucket=16, target='sm_90')"
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, check=False)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: Kernel(linear mxfp4, n=256, k=256, m_bucket=16"), proc.stderr
+    assert "is not in the kernel cache" in last and "--build-only" in last
+    assert "During handling" not in proc.stderr and "direct cause" not in proc.stderr  # one error
