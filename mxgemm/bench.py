@@ -338,18 +338,42 @@ def read_roofline(rows: list[dict[str, Any]]) -> float:
     return max(r["weight_tbs"] for r in rows if r["method"].startswith("cublas"))
 
 
+COMPUTE_BOUND_M = 1024  # rows from which cuBLAS runs at its compute roofline on the bench's shapes
+
+
+def compute_roofline(rows: list[dict[str, Any]]) -> float | None:
+    """The run's compute roofline (TFLOP/s): the best of a cuBLAS row at :data:`COMPUTE_BOUND_M` rows
+    or more; None if the run has none (its smaller rows stream weights and say nothing of it)."""
+    big = [r["tflops"] for r in rows if r["method"].startswith("cublas") and r["m"] >= COMPUTE_BOUND_M]
+    return max(big) if big else None
+
+
+def bound_us(row: dict[str, Any], roof_tbs: float, peak_tflops: float | None) -> float:
+    """The time of ``row``'s GEMM at the best rates cuBLAS reaches in the run: its weight bytes at the
+    read roofline or (where known) its FLOPs at the compute roofline, whichever takes longer
+    (activations and outputs not counted)."""
+    flops = 2 * row["m"] * row["n"] * row["k"]
+    return max(row["weight_bytes"] / roof_tbs, flops / peak_tflops if peak_tflops else 0.0) / 1e6
+
+
 def markdown(result: dict[str, Any]) -> str:
     """One table per shape: µs and speedup vs cuBLAS of the activations' dtype per M, and the M=1
-    weight stream as % of copy bandwidth and of the read roofline (:func:`read_roofline`)."""
+    weight stream as % of copy bandwidth and of the read roofline (:func:`read_roofline`); a
+    ``bound`` row a format: :func:`bound_us` and the speedup it would be (a kernel of the format
+    beats it only by outrunning cuBLAS's best rates)."""
     rows = result["rows"]
-    roof = read_roofline(rows)
+    roof, peak = read_roofline(rows), compute_roofline(rows)
     lines = [
         f"# mxgemm bench — {result['gpu']}, {result['date']}, commit {result['commit']}",
         "",
         f"a_dtype {result['a_dtype']}; d2d copy {result['copy_tbs']:.2f} TB/s (read+write); read roofline "
         f"{roof:.2f} TB/s (cuBLAS's best weight bytes per second in this run); "
-        f"cells: µs (x speedup vs cuBLAS {result['a_dtype']}); mxgemm_decode: decode + cuBLAS; L2 defeated "
-        "by rotating weight copies; CUDA-graph medians.",
+        + (f"compute roofline {peak:.0f} TFLOP/s (cuBLAS's best); " if peak else "")
+        + f"cells: µs (x speedup vs cuBLAS {result['a_dtype']}); mxgemm_decode: decode + cuBLAS; bound: "
+        "the format's weight bytes at the read roofline or its FLOPs at the compute roofline, whichever "
+        "takes longer (cuBLAS's best rates in the run"
+        + ("" if peak else f"; no compute roofline: no cuBLAS row of {COMPUTE_BOUND_M}+ rows")
+        + "); L2 defeated by rotating weight copies; CUDA-graph medians.",
         "",
     ]
     methods = sorted({(r["method"], r["fmt"]) for r in rows}, key=lambda t: (t[0] != "cublas_fp16", t))
@@ -379,8 +403,28 @@ def markdown(result: dict[str, Any]) -> str:
                 if r is not None and m == 1:
                     pct, pct_roof = f"{r['pct_copy']:.0f}%", f"{100 * r['weight_tbs'] / roof:.0f}%"
             lines.append(f"| {meth} {fmt} | " + " | ".join(cells) + f" | {pct} | {pct_roof} |")
+            if meth == "mxgemm":
+                lines.append(
+                    f"| bound {fmt} | " + " | ".join(_bound_cells(rows, n, k, ms, fmt, roof, peak)) + " | | |"
+                )
         lines.append("")
     return "\n".join(lines)
+
+
+def _bound_cells(rows, n: int, k: int, ms, fmt: str, roof: float, peak: float) -> list[str]:
+    """The ``bound`` row's cells of ``fmt`` on the ``[n, k]`` shape: µs and the speedup over cuBLAS."""
+    cells = []
+    for m in ms:
+        r = next(
+            (r for r in rows if (r["n"], r["k"], r["m"], r["method"], r["fmt"]) == (n, k, m, "mxgemm", fmt)),
+            None,
+        )
+        if r is None:
+            cells.append("–")
+            continue
+        us = bound_us(r, roof, peak)
+        cells.append(f"{us:.1f} ({r['us'] * _ratio(r) / us:.2f}x)")
+    return cells
 
 
 def speedup_axes(ax: Any, n: int, k: int) -> None:

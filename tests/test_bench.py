@@ -6,7 +6,8 @@ from mxgemm import bench
 def _row(method, fmt, m, us, wbytes, copy_tbs=2.0):
     tbs = wbytes / us / 1e6
     return dict(
-        weight_bytes=wbytes, n=1024, k=4096, m=m, method=method, fmt=fmt, us=us, tflops=0.0,
+        weight_bytes=wbytes, n=1024, k=4096, m=m, method=method, fmt=fmt, us=us,
+        tflops=2 * m * 1024 * 4096 / us / 1e6,
         weight_tbs=tbs, pct_copy=100 * tbs / copy_tbs, vs_cublas=1.0,
     )  # fmt: skip
 
@@ -29,3 +30,28 @@ def test_the_report_gives_the_read_roofline_beside_copy_bandwidth():
     assert line.endswith("| 74% | 53% |"), line  # 1.49 / 2.0 copy, 1.49 / 2.80 roofline
     assert next(ln for ln in md.splitlines() if ln.startswith("| cublas_bf16 bf16 |")).endswith("| 100% |")
     assert any(ln.startswith("| tinygemm_int4 int4 g32 |") for ln in md.splitlines())
+
+
+def test_the_bound_row_takes_the_slower_of_the_weight_stream_and_the_tensor_cores():
+    """bound = max(weight bytes / read roofline, FLOPs / cuBLAS's best TFLOP/s at 1024+ rows): the
+    M=1 cell streams its bytes, the M=2048 cell is held by the FLOPs; without a 1024+-row cuBLAS row,
+    the weight stream alone."""
+    rows = [
+        _row("cublas_fp16", "fp16", 1, 4.0, 8 << 20),  # 2.10 TB/s: the read roofline
+        _row("cublas_fp16", "fp16", 2048, 40.0, 8 << 20),  # 429.5 TFLOP/s: the compute roofline
+        _row("mxgemm", "mxfp4", 1, 2.0, 2228224),
+        _row("mxgemm", "mxfp4", 2048, 50.0, 2228224),
+    ]
+    for r in rows:
+        r["vs_cublas"] = {1: 4.0, 2048: 40.0}[r["m"]] / r["us"]
+    result = dict(gpu="GPU", date="d", commit="c", a_dtype="float16", copy_tbs=2.0, rows=rows)
+    line = next(ln for ln in bench.markdown(result).splitlines() if ln.startswith("| bound mxfp4 |"))
+    # M=1: 2228224 B / 2.097 TB/s = 1.06 us, 4.0 / 1.06 = 3.76x; M=2048: the FLOPs at the cuBLAS row's
+    # rate take its 40.0 us, 1.00x
+    assert line.startswith("| bound mxfp4 | 1.1 (3.76x) | 40.0 (1.00x) |"), line
+    no_big = dict(result, rows=[r for r in rows if r["m"] == 1])
+    md = bench.markdown(no_big)
+    assert "compute roofline" not in md.split("\n")[2].split("bound:")[0]
+    assert next(ln for ln in md.splitlines() if ln.startswith("| bound mxfp4 |")).startswith(
+        "| bound mxfp4 | 1.1 (3.76x) |"
+    )
