@@ -94,6 +94,22 @@ def fence_regs(T, regs) -> None:  # noqa: N803
         T.evaluate(T.cuda.func_call("mxgemm_fence8", *regs[i : i + 8], source_code=FENCE8))
 
 
+# out[0] += a * s in global memory through volatile asm: the compiler cannot keep ``out`` in registers
+# across a loop (it does with plain loads and stores to a __restrict__ buffer, and spills them)
+FMA_TO = (
+    "__device__ __forceinline__ void mxgemm_fma_to(float* out, float a, float s) {\n"
+    "  float v;\n"
+    '  asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(out) : "memory");\n'
+    '  asm volatile("st.global.f32 [%0], %1;" :: "l"(out), "f"(fmaf(a, s, v)) : "memory");\n'
+    "}\n"
+)
+
+
+def fma_to(T, out, a, s) -> None:  # noqa: N803
+    """``out += a * s`` (one fma) for ``out`` a global float32 element (a BufferLoad), kept in memory."""
+    T.evaluate(T.cuda.func_call("mxgemm_fma_to", tirx.address_of(out), a, s, source_code=FMA_TO))
+
+
 def when(T, conds, stmt) -> None:  # noqa: N803
     """``stmt`` under the conjunction of ``conds`` (none: unconditionally)."""
     if not conds:

@@ -53,7 +53,10 @@ with ``double``) and each block takes an equal contiguous run of them: whole til
 written to Y, and parts of at most two at its ends. The ring runs on across a block's tiles. A part's
 fp32 sums, brought to scale, go to a workspace ``[blocks, 2, mt, 64 wg]`` (the block's first and
 last tile); a second kernel adds a shared tile's parts in block order (deterministic) with the bias.
-Every part scans its rows' whole scale codes, so all agree on the fold.
+Every part scans its rows' whole scale codes, so all agree on the fold. With 256-row tiles, a tile
+whose scales do not fold adds each step's products into its workspace slot through volatile loads
+and stores (:func:`~mxgemm.codegen.wgmma.fma_to`): with plain ones the compiler holds the slot's 128
+sums in registers across the K loop, beside the accumulator, and spills.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ from mxgemm.codegen.wgmma import (
     cached,
     descriptor,
     fence_regs,
+    fma_to,
     main_args,
     ring_turn,
     smem_addr,
@@ -174,8 +178,6 @@ def applies(fmt: formats.Format, n: int, k: int, a_dtype: str, h: Hints = Hints(
     if h.smem_bytes(fmt.bits) > SMEM_MAX:
         bars = " and the barriers" if h.ring else ""
         return f"{h.stages} slots of {h.slot_bytes(fmt.bits)[2]} bytes{bars} exceed {SMEM_MAX}"
-    if h.sk and h.mt > BIG:  # ptxas: the persistent loop's ~20 more registers do not fit beside 128
-        return f"stream-K with an M tile of {h.mt} spills registers"  # (even at 232 with ``prod`` 2)
     if h.sk == 2 and h.prod == 2:
         return "two blocks with a producer warpgroup do not fit an SM's registers (sk 2)"
     if h.sk == 2 and 2 * (h.smem_bytes(fmt.bits) + 1024) > SM_SMEM:
@@ -787,6 +789,9 @@ class _Kernel:
             scale = [scale_expr(self.code(sc, r, u)) for r in range(2)]
             for idx in range(part):
                 acc = self.sums(p * part + idx)
+                if h.sk and big:  # (the workspace: an fma in memory, not 128 promoted registers that spill)
+                    fma_to(T, tirx.BufferLoad(*acc), tirx.BufferLoad(tmp, [idx]), scale[idx // 2 % 2])
+                    continue
                 val = tirx.BufferLoad(*acc) + tirx.BufferLoad(tmp, [idx]) * scale[idx // 2 % 2]
                 T.buffer_store(acc[0], val, acc[1])
         self.release(it)

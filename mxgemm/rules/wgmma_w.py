@@ -89,10 +89,12 @@ class WgmmaW(Rule):
         the model leaves to the twins (the tuning rounds chose it at 128 rows on 4 of 6 shapes). ``lean``
         (the same kernel in fewer instructions) ran the records' hints 1.00-1.09x faster in fp16 and
         1.00-1.06x in bf16 (``tune-lean-*.jsonl``; 0.975-0.99x with two warpgroups × 256 rows on
-        28672×8192): 0.95."""
+        28672×8192): 0.95. Past 256 rows, 64-row tiles take 1.7x (on 14336×4096 at 1024 rows two
+        warpgroups × 64 rows took 1.77x the time of × 256, waves counted:
+        ``msweep-m257-1024-float16-a20512b.jsonl``)."""
         waves = _blocks(spec, h) * h.splits / _slots(spec, h)
         short = math.ceil(waves) / waves if not h.sk else 1.03 * (1.0 if h.sk == _per_sm(h) else 1.05)
-        tile = {64: 1.0, 128: 1.1, 256: 0.85}[h.mt]
+        tile = {64: 1.7 if spec.m_bucket > 256 else 1.0, 128: 1.1, 256: 0.85}[h.mt]
         measured = (1.0 + 0.1 * (h.wg - 1)) * tile * (1.0 if h.double else 1.15)
         ring = (0.9 if h.wg > 1 else 1.1) if h.ring else 1.0
         ring *= (0.9, 0.85)[h.tma - 1] if h.tma and h.wg > 1 else 1.02 if h.tma else 1.0
