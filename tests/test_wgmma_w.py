@@ -244,7 +244,8 @@ GPU_TILES += [(LEAN, 300), (LEAN_SK, 150), (LEAN_SPLIT, 77)]
 # 132 blocks (every tile in 2 parts); 3000 rows, 24 tiles: whole tiles between parts
 SK_BIG = wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, sk=1, prod=2, lean=1)
 SK_BIG_LONG = wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, sk=1, prod=1, lean=1)
-GPU_TILES += [(SK_BIG, 300), (SK_BIG_LONG, 3000)]
+SK_BIG_1 = wgmma_w.Hints(1, 3, 0, mt=256, ring=1, tma=2, sk=1)  # one warpgroup: 8-bit codes too
+GPU_TILES += [(SK_BIG, 300), (SK_BIG_LONG, 3000), (SK_BIG_1, 300)]
 # the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu
 PREBUILD = [
     (f, 256, 512, dt, True, h)
@@ -312,7 +313,7 @@ def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m, unfolded):
     "hints",
     [
         *(GPU_TILES[1][0], SPLIT, RING, TMA1, TMA2_SPLIT, BIG, SK1, SK2),
-        *(PROD, PROD_SK, PRODUCER, PRODUCER_SPLIT, PRODUCER_SK, LEAN, LEAN_SK, LEAN_SPLIT, SK_BIG),
+        *(PROD, PROD_SK, PRODUCER, PRODUCER_SPLIT, PRODUCER_SK, LEAN, LEAN_SK, LEAN_SPLIT, SK_BIG, SK_BIG_1),
     ],
 )
 def test_gpu_one_hot_rows_are_bit_exact(fmt, dtype, hints):
