@@ -91,9 +91,12 @@ class WgmmaW(Rule):
         1.00-1.06x in bf16 (``tune-lean-*.jsonl``; 0.975-0.99x with two warpgroups × 256 rows on
         28672×8192): 0.95. Past 256 rows, 64-row tiles take 1.7x (on 14336×4096 at 1024 rows two
         warpgroups × 64 rows took 1.77x the time of × 256, waves counted:
-        ``msweep-m257-1024-float16-a20512b.jsonl``)."""
+        ``msweep-m257-1024-float16-a20512b.jsonl``). Stream-K of 256-row tiles took 1.3-1.9x the time
+        of the same tiles a block each at 256-768 rows (14336×4096 at 256: 101-106 µs against 55;
+        ``tune-wide-m-float16-sk256-17ff1c6.jsonl``): 1.5."""
         waves = _blocks(spec, h) * h.splits / _slots(spec, h)
         short = math.ceil(waves) / waves if not h.sk else 1.03 * (1.0 if h.sk == _per_sm(h) else 1.05)
+        short *= 1.5 if h.sk and h.mt == 256 else 1.0
         tile = {64: 1.7 if spec.m_bucket > 256 else 1.0, 128: 1.1, 256: 0.85}[h.mt]
         measured = (1.0 + 0.1 * (h.wg - 1)) * tile * (1.0 if h.double else 1.15)
         ring = (0.9 if h.wg > 1 else 1.1) if h.ring else 1.0
