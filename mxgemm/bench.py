@@ -389,7 +389,7 @@ def markdown(result: dict[str, Any]) -> str:
             "|---|" + "---|" * (len(ms) + 2),
         ]
         for meth, fmt in methods:
-            cells, pct, pct_roof = [], "", ""
+            cells, bounds, pct, pct_roof = [], [], "", ""
             for m in ms:
                 r = next(
                     (
@@ -400,31 +400,18 @@ def markdown(result: dict[str, Any]) -> str:
                     None,
                 )
                 cells.append("–" if r is None else f"{r['us']:.1f} ({_ratio(r):.2f}x)")
+                if meth == "mxgemm" and r is None:
+                    bounds.append("–")
+                elif meth == "mxgemm":  # the bound: µs and its speedup over the row's cuBLAS
+                    us = bound_us(r, roof, peak)
+                    bounds.append(f"{us:.1f} ({r['us'] * _ratio(r) / us:.2f}x)")
                 if r is not None and m == 1:
                     pct, pct_roof = f"{r['pct_copy']:.0f}%", f"{100 * r['weight_tbs'] / roof:.0f}%"
             lines.append(f"| {meth} {fmt} | " + " | ".join(cells) + f" | {pct} | {pct_roof} |")
             if meth == "mxgemm":
-                lines.append(
-                    f"| bound {fmt} | " + " | ".join(_bound_cells(rows, n, k, ms, fmt, roof, peak)) + " | | |"
-                )
+                lines.append(f"| bound {fmt} | " + " | ".join(bounds) + " | | |")
         lines.append("")
     return "\n".join(lines)
-
-
-def _bound_cells(rows, n: int, k: int, ms, fmt: str, roof: float, peak: float) -> list[str]:
-    """The ``bound`` row's cells of ``fmt`` on the ``[n, k]`` shape: µs and the speedup over cuBLAS."""
-    cells = []
-    for m in ms:
-        r = next(
-            (r for r in rows if (r["n"], r["k"], r["m"], r["method"], r["fmt"]) == (n, k, m, "mxgemm", fmt)),
-            None,
-        )
-        if r is None:
-            cells.append("–")
-            continue
-        us = bound_us(r, roof, peak)
-        cells.append(f"{us:.1f} ({r['us'] * _ratio(r) / us:.2f}x)")
-    return cells
 
 
 def speedup_axes(ax: Any, n: int, k: int) -> None:
