@@ -34,15 +34,17 @@ PEERS = ("tinygemm_int4", "gemlite")  # methods of the peers' rows (--peers)
 
 
 def build_specs(shapes, ms, fmts, a_dtype: str, arch: str) -> list[dict[str, Any]]:
-    """The `mxgemm.build` arguments of every kernel a run needs (what `mxgemm.linear` picks per M)."""
-    from mxgemm.ops import build_args
+    """The `mxgemm.build` arguments of every kernel a run needs (what `mxgemm.linear` picks per M, and
+    where it splits the rows, what the ``mxgemm_unsplit`` rows run)."""
+    from mxgemm.ops import build_args, build_args_all
 
     decoded = (DECODE_ROWS_FROM,) if max(ms) >= DECODE_ROWS_FROM else ()  # the mxgemm_decode rows' kernel
+    layers = [dict(fmt=f, n=n, k=k, a_dtype=a_dtype, target=arch) for f in fmts for n, k in shapes]
     specs = [
-        build_args(m, fmt=f, n=n, k=k, a_dtype=a_dtype, target=arch)
-        for f in fmts
-        for n, k in shapes
+        spec
+        for layer in layers
         for m in (*ms, *(max(ms + (4096,)),) * bool(decoded))
+        for spec in (build_args(m, **layer), *build_args_all(m, **layer))  # unsplit, and as split
     ]
     return list({json.dumps(s, sort_keys=True): s for s in specs}.values())
 
@@ -64,23 +66,28 @@ def build_only(specs: list[dict[str, Any]], jobs: int = 2, compare_default: bool
     print(f"built {passes * len(specs)} kernels in {time.perf_counter() - t0:.0f} s into {where}")
 
 
-@contextlib.contextmanager
 def _tuned(on: bool):
-    """Kernels built inside use the tune logs' hints (``on``) or the rules' defaults; the per-process
-    kernel memo of `mxgemm.linear` is cleared on the way in and out."""
+    """Kernels built inside use the tune logs' hints (``on``) or the rules' defaults."""
+    return _env("MXGEMM_TUNED", "1" if on else "0")
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    """``$name`` set to ``value`` inside; the per-process kernel and plan memo of `mxgemm.linear` is
+    cleared on the way in and out."""
     from mxgemm import ops
 
-    old = os.environ.get("MXGEMM_TUNED")
-    os.environ["MXGEMM_TUNED"] = "1" if on else "0"
+    old = os.environ.get(name)
+    os.environ[name] = value
     ops.clear_kernels()
     try:
         yield
     finally:
         ops.clear_kernels()
         if old is None:
-            del os.environ["MXGEMM_TUNED"]
+            del os.environ[name]
         else:
-            os.environ["MXGEMM_TUNED"] = old
+            os.environ[name] = old
 
 
 def _build_repr(kw: dict[str, Any]) -> str:
@@ -150,9 +157,12 @@ def run(
     instead of the tune logs' (the tuned-vs-default gain). ``peers`` adds the peers' rows
     (:func:`_peer_layers`: torch's int4 tinygemm in bf16 runs, GemLite's MX layers where installed)."""
     import mxgemm
+    from mxgemm import ops
+    from mxgemm.codegen import target as targets
 
     dev = torch.device("cuda")
     adt = getattr(torch, a_dtype)
+    arch = targets.device_arch()
     copy_tbs = copy_bandwidth()
     rows: list[dict[str, Any]] = []
     partial = Path(out_dir) / "bench.partial.json"  # survives a run cut short
@@ -193,6 +203,9 @@ def run(
                 ]
                 calls = [(lambda qi=qi, xi=x[adt]: mxgemm.linear(xi, qi)) for qi in cps]
                 add("mxgemm", f, _time_graph(_cycle(calls)), nbytes)
+                if len(ops.row_parts(m, arch, f, n, k, a_dtype)) > 1:  # also the rows on one kernel
+                    with _env(ops.SPLIT_ENV, "0"):
+                        add("mxgemm_unsplit", f, _time_graph(_cycle(calls)), nbytes)
                 if m >= DECODE_ROWS_FROM:
                     add("mxgemm_decode", f, _time_graph(_cycle(_decoded_calls(cps, x[adt]))), nbytes)
                 if compare_default:
@@ -369,7 +382,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"a_dtype {result['a_dtype']}; d2d copy {result['copy_tbs']:.2f} TB/s (read+write); read roofline "
         f"{roof:.2f} TB/s (cuBLAS's best weight bytes per second in this run); "
         + (f"compute roofline {peak:.0f} TFLOP/s (cuBLAS's best); " if peak else "")
-        + f"cells: µs (x speedup vs cuBLAS {result['a_dtype']}); mxgemm_decode: decode + cuBLAS; bound: "
+        + f"cells: µs (x speedup vs cuBLAS {result['a_dtype']}); mxgemm_decode: decode + cuBLAS; "
+        "mxgemm_unsplit: where mxgemm splits the rows between two kernels, all of them on one; bound: "
         "the format's weight bytes at the read roofline or its FLOPs at the compute roofline, whichever "
         "takes longer (cuBLAS's best rates in the run"
         + ("" if peak else f"; no compute roofline: no cuBLAS row of {COMPUTE_BOUND_M}+ rows")

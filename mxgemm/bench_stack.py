@@ -43,13 +43,14 @@ def shapes() -> list[tuple[int, int]]:
 
 def build_specs(fmt: str, arch: str, ms=MS, dtypes=DTYPES) -> list[dict[str, Any]]:
     """The `mxgemm.build` arguments of every kernel the stack runs (for ``--build-only``)."""
-    from mxgemm.ops import build_args
+    from mxgemm.ops import build_args_all
 
     specs = [
-        build_args(m, fmt=fmt, n=o, k=i, a_dtype=dt, bias=False, target=arch)
+        spec
         for i, o in set(shapes())
         for m in ms
         for dt in dtypes
+        for spec in build_args_all(m, fmt=fmt, n=o, k=i, a_dtype=dt, bias=False, target=arch)
     ]
     return list({json.dumps(s, sort_keys=True): s for s in specs}.values())
 

@@ -93,7 +93,7 @@ def build_kernels(model: torch.nn.Module, ms: tuple[int, ...], label: str) -> No
     from mxgemm.codegen.build import build
     from mxgemm.codegen.target import for_device
     from mxgemm.module import MxLinear
-    from mxgemm.ops import build_args
+    from mxgemm.ops import build_args_all
 
     specs = {}
     for mod in model.modules():
@@ -102,8 +102,7 @@ def build_kernels(model: torch.nn.Module, ms: tuple[int, ...], label: str) -> No
         tgt = for_device(mod.weight_scales.device)
         layer = dict(fmt=mod.fmt, n=mod.out_features, k=mod.in_features, bias=mod.bias is not None)
         layer.update(a_dtype=str(mod.a_dtype).removeprefix("torch."), block_size=mod.block_size, target=tgt)
-        for m in ms:
-            spec = build_args(m, **layer)
+        for spec in (s for m in ms for s in build_args_all(m, **layer)):
             specs[repr(sorted(spec.items(), key=str))] = spec
     with tqdm(specs.values(), desc=f"{label} kernels", unit="kernel", file=sys.stderr, leave=False) as bar:
         for spec in bar:

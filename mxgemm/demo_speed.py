@@ -100,19 +100,20 @@ def build_specs(formats: tuple[str, ...], arch: str, prompt_tokens: int = PROMPT
     :data:`GPU_A_DTYPE` activations."""
     import transformers
 
-    from mxgemm.ops import build_args
+    from mxgemm.ops import build_args_all
 
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config())
     lins = [m for m in model.modules() if isinstance(m, nn.Linear)]
     biased = {(m.out_features, m.in_features): m.bias is not None for m in lins}
     specs = [
-        build_args(
-            m, fmt=fmt.partition(":")[0], n=n, k=k, a_dtype=GPU_A_DTYPE, bias=biased[n, k], target=arch
-        )
+        spec
         for fmt in formats
         for n, k in sorted(linear_shapes(model))
         for m in (1, prompt_tokens)
+        for spec in build_args_all(
+            m, fmt=fmt.partition(":")[0], n=n, k=k, a_dtype=GPU_A_DTYPE, bias=biased[n, k], target=arch
+        )
     ]
     return list({json.dumps(s, sort_keys=True, default=str): s for s in specs}.values())
 

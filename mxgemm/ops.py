@@ -35,6 +35,7 @@ DECODE_RULE = "dequant"  # the rule of the standalone decode kernel
 CPU_FUSED_UP_TO = 4  # CPU, up to this many rows: the few-row GEMV (cpu_gemv), where it tiles the shape
 CPU_CHUNK_MB = 4.0  # CPU: MB of decoded weights per chunk (L2/L3-resident when the GEMM reads them)
 BACKEND_ENV = "MXGEMM_BACKEND"
+SPLIT_ENV = "MXGEMM_SPLIT_M"  # "0": never split a call's rows between two kernels (see `row_parts`)
 BACKENDS = ("kernels", "emulated")  # the generated kernels (default); dequantize + F.linear
 
 
@@ -113,6 +114,59 @@ def plan(
     if m <= (DECODE_ABOVE if plane_widths(f.bits)[0] == 8 or not tc else 2):
         return "linear", bucket
     return ("linear", tc_bucket) if tc else ("decode", None)
+
+
+@functools.lru_cache(maxsize=4096)
+def row_parts(
+    m: int, arch: str, fmt: str, n: int, k: int, a_dtype: str, block_size: int | None = None
+) -> tuple[int, ...]:
+    """The runs of consecutive rows that a call of ``m`` rows is cut into, each run by its own
+    :func:`plan`: ``(m,)``, or on CUDA past 256 rows (:data:`WIDE`) ``(h, m - h)``, where the tune
+    log's times say the first ``h`` rows (a whole bucket: 256, 384, … rows, below ``m``'s) on their
+    kernel plus the rest on theirs take less than ``m``'s bucket does. A bucket's fused kernel computes
+    its part-filled M tiles whole (320 rows on 256-row tiles: 512 rows' work) and decode + cuBLAS writes
+    W in 16 bits first; a split reads the 4-8-bit weights twice instead. The times are the records' µs
+    (each at its bucket's last row: an upper bound for the tail and for ``m``), all of one GPU; without
+    a record for each bucket involved, no split."""
+    bucket = builder.m_bucket_for(m, "cuda")
+    if not arch.startswith("sm_") or bucket not in WIDE:
+        return (m,)
+    whole = _bucket_record(fmt, n, k, bucket, a_dtype, arch, block_size)
+    if whole is None:
+        return (m,)
+    best, parts = whole.us, (m,)
+    for h in range(256, bucket, 128):
+        head = _bucket_record(fmt, n, k, h, a_dtype, arch, block_size)
+        tail = _bucket_record(fmt, n, k, builder.m_bucket_for(m - h, "cuda"), a_dtype, arch, block_size)
+        if head is None or tail is None or {head.gpu, tail.gpu} != {whole.gpu}:
+            continue
+        if head.us + tail.us < best:
+            best, parts = head.us + tail.us, (h, m - h)
+    return parts
+
+
+@functools.lru_cache(maxsize=4096)
+def _bucket_record(fmt: str, n: int, k: int, bucket: int, a_dtype: str, arch: str, block_size: int | None):
+    """The tune log's record of a CUDA M bucket (`mxgemm.tunelog.lookup`), or None."""
+    from mxgemm import tunelog
+
+    key = tunelog.Key(fmt, n, k, bucket, a_dtype, arch, block_size=block_size or 0).key()
+    return tunelog.lookup(key, builder.versions(targets.cuda(arch)))
+
+
+def build_args_all(m: int, **layer) -> list[dict]:
+    """:func:`build_args` of every kernel that ``m`` rows of ``layer`` run: one, or one for each run of
+    rows where :func:`row_parts` splits them (``$MXGEMM_SPLIT_M=0``: never)."""
+    arch = targets.arch_of(targets.resolve(layer.get("target", "llvm")))
+    a_dtype = layer.get("a_dtype", "float16")
+    parts = _parts(m, arch, layer["fmt"], layer["n"], layer["k"], a_dtype, layer.get("block_size"))
+    return [build_args(rows, **layer) for rows in parts]
+
+
+def _parts(m: int, arch: str, fmt: str, n: int, k: int, a_dtype: str, block_size: int | None) -> tuple:
+    if os.environ.get(SPLIT_ENV) == "0":
+        return (m,)
+    return row_parts(m, arch, fmt, n, k, a_dtype, block_size)
 
 
 def build_args(m: int, **layer) -> dict:
@@ -267,24 +321,38 @@ def _forward(
         _check_fp16_once(planes, scales, fmt, block_size, n, k)  # a host sync: never inside a CUDA graph
     key = (m, dev, x.dtype, fmt, n, k, bias is not None, block_size, os.environ.get(BACKEND_ENV))
     kernel = _routes[key] if key in _routes else _routes.setdefault(key, _route(*key))
-    pad = 0 if cuda or kernel is None or kernel is _EMULATED else (kernel.spec.m_bucket or m) - m
+    pad = 0 if cuda or not isinstance(kernel, builder.Kernel) else (kernel.spec.m_bucket or m) - m
     if pad:  # a CPU static-M kernel: zero rows up to its bucket
         x2 = torch.cat([x2, x2.new_zeros(pad, k)])
     if kernel is _EMULATED:
         out = _emulated(x2, planes, scales, bias, fmt, block_size, n, k)
-    elif kernel is None:
-        decoded = _decode_then_cublas if cuda else _decode_then_gemm_cpu
-        out = decoded(x2, planes, scales, bias, fmt, block_size, n, k)
+    elif type(kernel) is tuple:  # the rows split between kernels (`row_parts`), each writing its own
+        out = torch.empty(m, n, dtype=x.dtype, device=dev)
+        for r0, r1, part in kernel:
+            _run(part, x2[r0:r1], planes, scales, bias, fmt, block_size, n, k, out[r0:r1])
     else:
-        out = torch.empty(m + pad, n, dtype=x.dtype, device=dev)
-        tail = [out] if bias is None else [bias.contiguous(), out]
-        if layout.kernel_layout(kernel) == "tiles":
-            *planes, scales = _pair_tiles(planes, scales, fmt, block_size)
-        elif layout.reads_cpu_layout(kernel):
-            planes = _cpu_planes(planes, fmt)
-        builder.launch(kernel, [x2, *planes, scales, *tail])
-        out = out[:m]
+        out = _run(kernel, x2, planes, scales, bias, fmt, block_size, n, k)[:m]
     return out if flat else out.reshape(*x.shape[:-1], n)
+
+
+def _run(kernel, x2, planes, scales, bias, fmt, block_size, n, k, out=None) -> torch.Tensor:
+    """``x2 @ W.T (+ bias)`` on one route's ``kernel`` (None: decode, then cuBLAS or torch's CPU GEMM),
+    into ``out`` (``x2.dtype [rows of x2, n]``, e.g. a slice of a split call's output) or a new tensor;
+    returns it. Arguments as :func:`_forward`'s, ``x2`` 2-D and contiguous."""
+    if kernel is None:
+        if x2.is_cuda:
+            return _decode_then_cublas(x2, planes, scales, bias, fmt, block_size, n, k, out=out)
+        y = _decode_then_gemm_cpu(x2, planes, scales, bias, fmt, block_size, n, k)
+        return y if out is None else out.copy_(y)
+    if out is None:
+        out = torch.empty(x2.shape[0], n, dtype=x2.dtype, device=x2.device)
+    tail = [out] if bias is None else [bias.contiguous(), out]
+    if layout.kernel_layout(kernel) == "tiles":
+        *planes, scales = _pair_tiles(planes, scales, fmt, block_size)
+    elif layout.reads_cpu_layout(kernel):
+        planes = _cpu_planes(planes, fmt)
+    builder.launch(kernel, [x2, *planes, scales, *tail])
+    return out
 
 
 _routes: dict[tuple, object] = {}  # (m, device, dtype, fmt, n, k, bias, block, backend) -> kernel
@@ -306,21 +374,31 @@ def emulated() -> bool:
 
 def _route(m, device, dtype, fmt, n, k, bias, block_size, backend_env=None) -> object:
     """The fused kernel that serves ``m`` rows of this layer (:func:`plan`), None for decode + cuBLAS,
-    or :data:`_EMULATED`; memoized per call signature in ``_routes`` so a forward call does one dict
+    :data:`_EMULATED`, or where :func:`row_parts` splits the rows a tuple of ``(first row, end row,
+    kernel or None)``; memoized per call signature in ``_routes`` so a forward call does one dict
     lookup."""
     if backend(backend_env) == "emulated":
         return _EMULATED
     arch = targets.arch_of(targets.for_device(device))
-    op, m_bucket = plan(m, arch, fmt, n, k, _DTYPE_NAMES[dtype], block_size)
-    return None if op == "decode" else _kernel(device, fmt, n, k, m_bucket, dtype, bias, block_size)
+    name = _DTYPE_NAMES[dtype]
+    routes, r0 = [], 0
+    for rows in _parts(m, arch, fmt, n, k, name, block_size):
+        op, m_bucket = plan(rows, arch, fmt, n, k, name, block_size)
+        kernel = None if op == "decode" else _kernel(device, fmt, n, k, m_bucket, dtype, bias, block_size)
+        routes.append((r0, r0 + rows, kernel))
+        r0 += rows
+    return routes[0][2] if len(routes) == 1 else tuple(routes)
 
 
 def clear_kernels() -> None:
     """Forget the kernels and plans this process looked up (the next call looks them up again, e.g.
-    after the tune log or ``$MXGEMM_TUNED`` changed: the log also chooses between fused and decode)."""
+    after the tune log, ``$MXGEMM_TUNED`` or ``$MXGEMM_SPLIT_M`` changed: the log also chooses between
+    fused and decode, and where rows split)."""
     _kernels.clear()
     _routes.clear()
     plan.cache_clear()
+    row_parts.cache_clear()
+    _bucket_record.cache_clear()
 
 
 def _decode_then_cublas(

@@ -1,13 +1,13 @@
 """Build the CUDA kernels of the GPU tests here (no GPU needed) into $MXGEMM_CACHE_DIR, so a GPU box with
 only the TVM runtime can run them: ``MXGEMM_CACHE_DIR=DIR python -m tests.prebuild_gpu sm_90 [JOBS [SETS]]``
-with SETS a comma list of linear, ops, rules, xs, fold, act, module, minilm, wgmma (default: all; xs
+with SETS a comma list of linear, ops, rules, xs, fold, act, module, minilm, wgmma, split (default: all; xs
 and fold are part of rules; wgmma: sm_90 only)."""
 
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
 import mxgemm
-from mxgemm.ops import build_args
+from mxgemm.ops import build_args, build_args_all
 from tests.linear_cases import BLOCK_CASES, CHUNK_FORMATS, DTYPES, FORMATS, MS, K, N
 
 
@@ -153,6 +153,15 @@ def ops_cases(arch):
         yield build_args(GPU_M, fmt=fmt, n=N, k=K, a_dtype=dt, bias=True, target=arch)
 
 
+def split_cases(arch):
+    """tests.test_row_split's GPU test of the shipped log's split: both runs of rows' kernels."""
+    from tests.test_row_split import SPLIT_M, SPLIT_SHAPE
+
+    fmt, n, k = SPLIT_SHAPE
+    for dt in DTYPES:
+        yield from build_args_all(SPLIT_M, fmt=fmt, n=n, k=k, a_dtype=dt, target=arch)
+
+
 SETS = {
     "linear": cases,
     "ops": ops_cases,
@@ -163,6 +172,7 @@ SETS = {
     "module": module_cases,
     "minilm": minilm_cases,
     "wgmma": wgmma_cases,
+    "split": split_cases,
 }
 
 
