@@ -154,12 +154,15 @@ def ops_cases(arch):
 
 
 def split_cases(arch):
-    """tests.test_row_split's GPU test of the shipped log's split: both runs of rows' kernels."""
-    from tests.test_row_split import SPLIT_M, SPLIT_SHAPE
+    """tests.test_row_split's GPU tests: the forced split's kernels, and the shipped log's split's."""
+    from tests.test_row_split import FORCED, SPLIT_M, SPLIT_SHAPE
 
     fmt, n, k = SPLIT_SHAPE
     for dt in DTYPES:
         yield from build_args_all(SPLIT_M, fmt=fmt, n=n, k=k, a_dtype=dt, target=arch)
+        for bias in (False, True):
+            for m in FORCED[2]:
+                yield build_args(m, fmt="mxfp4", n=FORCED[0], k=FORCED[1], a_dtype=dt, bias=bias, target=arch)
 
 
 SETS = {
