@@ -42,6 +42,7 @@ def test_rows_split_where_the_logs_times_say_two_kernels_are_faster(tmp_path, mo
         monkeypatch,
         {
             1: ("dequant", {}, 3.0, "H"),
+            4: ("dequant", {}, 4.0, "H"),
             64: ("dequant", {}, 5.0, "H"),
             128: ("dequant", {}, 12.0, "H"),
             256: ("wgmma_w", fused, 10.0, "H"),
@@ -49,9 +50,12 @@ def test_rows_split_where_the_logs_times_say_two_kernels_are_faster(tmp_path, mo
             512: ("wgmma_w", fused, 21.0, "H"),
         },
     )
-    # 256 + 64 rows (10 + 5 µs) and 256 + 1 (10 + 3) beat the 384 bucket's 20; 256 + 128 (22) does not
-    assert [_parts(m) for m in (257, 300, 320, 384)] == [(256, 1), (256, 44), (256, 64), (384,)]
-    # 385-512 rows: 256 + 256 rows (20 µs) beats the 512 bucket's 21; the 384 bucket's 20 + 128's 12 not
+    # the 384 bucket's decode + cuBLAS, 20 µs at 384 rows, is taken as 20 m / 384 at m rows: 256 + 64
+    # rows (10 + 5 µs) beat it at 300 rows (15.6), 256 + 1 (13) at 257 (13.4), 256 + 4 (14) not at 260
+    # (13.5), 256 + 128 (22) not at 384
+    assert [_parts(m) for m in (257, 260, 300, 320, 384)] == [(256, 1), (260,), (256, 44), (256, 64), (384,)]
+    # 385-512 rows: 256 + 256 rows (20 µs) beats the 512 bucket's fused 21 (part-filled tiles: 21 at
+    # any of its rows); the 384 bucket's 20 + 16's (no record) is not compared
     assert _parts(400) == (256, 144) and _parts(512) == (256, 256)
     assert _parts(256) == (256,) and _parts(100) == (100,)  # only past 256 rows
     assert _parts(600) == (600,)  # no record of the 640 bucket: nothing to compare with
