@@ -94,12 +94,14 @@ def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
     warp0, producer = (wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, prod=p) for p in (1, 2))
     # and stream-K on 1 block an SM (2 do not fit the shared memory)
     sk = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1)
-    # each leaner (the record itself first: the same kernel in fewer instructions)
-    lean = lambda *hs: [dataclasses.replace(h, lean=1) for h in hs]  # noqa: E731
-    assert rule.twins(spec, plain) == lean(plain, tma, warp0, producer, sk)
-    assert rule.twins(spec, tma) == lean(tma, warp0, producer, sk)
-    assert rule.twins(spec, producer) == lean(producer, tma, warp0, dataclasses.replace(sk, prod=2))
-    assert rule.twins(spec, lean(producer)[0]) == lean(tma, warp0, dataclasses.replace(sk, prod=2))
+    # each leaner (the record itself first: the same kernel in fewer instructions; then it with its
+    # outputs scaled by a multiply, lean 2)
+    lean = lambda *hs, n=1: [dataclasses.replace(h, lean=n) for h in hs]  # noqa: E731
+    assert rule.twins(spec, plain) == lean(plain) + lean(plain, n=2) + lean(tma, warp0, producer, sk)
+    assert rule.twins(spec, tma) == lean(tma) + lean(tma, n=2) + lean(warp0, producer, sk)
+    sk2 = dataclasses.replace(sk, prod=2)
+    assert rule.twins(spec, producer) == lean(producer) + lean(producer, n=2) + lean(tma, warp0, sk2)
+    assert rule.twins(spec, lean(producer)[0]) == lean(producer, n=2) + lean(tma, warp0, sk2)
     # (no split here: neither it leaner nor a TMA twin)
     small = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, ring=1, tma=1)
     assert rule.twins(spec, small) == lean(  # and on 128-row tiles (two such blocks do not fit an SM)
@@ -154,6 +156,7 @@ def test_stream_k_costs_the_work_where_waves_quantize():
         ("mxfp8_e4m3", "float16", wgmma_w.Hints(1, 4, 1, mt=64, splits=2, lean=1)),
         ("mxfp4", "float16", wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, sk=1, prod=2, lean=1)),
         ("mxfp4", "bfloat16", wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, sk=1, prod=1, lean=1)),
+        ("mxfp4", "float16", wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=2, lean=2)),
         ("mxint8", "float16", wgmma_w.Hints(1, 3, 0, mt=256, ring=1, tma=2, sk=1)),
     ],
 )
@@ -240,6 +243,11 @@ LEAN = wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=2, lean=1)
 LEAN_SK = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=1, prod=2, lean=1)
 LEAN_SPLIT = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, lean=1)
 GPU_TILES += [(LEAN, 300), (LEAN_SK, 150), (LEAN_SPLIT, 77)]
+# lean 2: the outputs scaled by a multiply a row where the exponents allow (the same bits as lean 1)
+LEAN2 = dataclasses.replace(LEAN, lean=2)
+LEAN2_SK = dataclasses.replace(LEAN_SK, lean=2)
+LEAN2_SPLIT = dataclasses.replace(LEAN_SPLIT, lean=2)
+GPU_TILES += [(LEAN2, 300), (LEAN2_SK, 150), (LEAN2_SPLIT, 77)]
 # stream-K of 256-row tiles (the unfolded path's sums added in memory): 300 rows, 4 tiles of 2 units on
 # 132 blocks (every tile in 2 parts); 3000 rows, 24 tiles: whole tiles between parts
 SK_BIG = wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, sk=1, prod=2, lean=1)
@@ -314,6 +322,7 @@ def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m, unfolded):
     [
         *(GPU_TILES[1][0], SPLIT, RING, TMA1, TMA2_SPLIT, BIG, SK1, SK2),
         *(PROD, PROD_SK, PRODUCER, PRODUCER_SPLIT, PRODUCER_SK, LEAN, LEAN_SK, LEAN_SPLIT, SK_BIG, SK_BIG_1),
+        *(LEAN2, LEAN2_SK, LEAN2_SPLIT),
     ],
 )
 def test_gpu_one_hot_rows_are_bit_exact(fmt, dtype, hints):
@@ -329,6 +338,28 @@ def test_gpu_one_hot_rows_are_bit_exact(fmt, dtype, hints):
     y = _run(fmt, x, q, dtype, hints, torch.zeros(n, dtype=dt, device="cuda")).cpu()
     want = _dequant(q, fmt)[:, cols].T.to(dt)
     assert torch.equal(y, want), np.abs((y.double() - want.double()).numpy()).max()
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize(("lean2", "m"), [(LEAN2, 300), (LEAN2_SK, 150), (LEAN2_SPLIT, 77)])
+def test_gpu_lean_2_gives_lean_1s_bits(dtype, lean2, m):
+    """``lean`` 2 scales the outputs by a multiply where a row's exponent is a normal fp32 one, else by
+    ``ldexpf`` as ``lean`` 1 does: the same bits, on rows of ordinary scales, rows whose scales lie near
+    the top and the bottom of the E8M0 range (their exponents past fp32's normal ones) and a NaN scale."""
+    torch.manual_seed(3)
+    n, k = 256, 512
+    w = torch.randn(n, k, device="cuda")
+    w[:8] *= 2.0**100  # scale codes near 230: past fp32's exponents with the format's offset
+    w[8:16] *= 2.0**-120
+    q = reference.quantize(w, "mxfp4")
+    q.scales[20, 2] = 255
+    dt = getattr(torch, dtype)
+    x = torch.randn(m, k, device="cuda").to(dt)
+    y1 = _run("mxfp4", x, q, dtype, dataclasses.replace(lean2, lean=1))
+    y2 = _run("mxfp4", x, q, dtype, lean2)
+    assert torch.equal(y1.view(torch.int16), y2.view(torch.int16))
 
 
 # ---- the rule (mxgemm.rules.wgmma_w): routed only where a tune record names it -----------------------

@@ -122,7 +122,8 @@ class Hints:
     others by as many slots as are free; lean: 1 to make each wgmma's descriptor by one add to the
     slot's, each fold multiplier by a byte permute and a multiply-add, and (fp4 into fp16) a lane's
     4 pairs of a step at once (:func:`~mxgemm.codegen.pairs.decode_quad`): the same bits in fewer
-    instructions a K iteration."""
+    instructions a K iteration; 2, that and the outputs brought to scale by one multiply a row's
+    output instead of ``ldexpf`` where the exponents allow (:meth:`_Kernel._store`)."""
 
     wg: int = 2
     stages: int = 4
@@ -140,12 +141,12 @@ class Hints:
         ok = ok and self.mt in M_TILES and self.splits in SPLITS and self.ring in (0, 1)
         ok = ok and self.sk in SK and (not self.sk or (self.ring and self.splits == 1))
         ok = ok and self.prod in PROD and (not self.prod or self.tma == 2)
-        ok = ok and (self.prod < 2 or self.wg <= 2) and self.lean in (0, 1)
+        ok = ok and (self.prod < 2 or self.wg <= 2) and self.lean in (0, 1, 2)
         if not ok or self.tma not in TMA or (self.tma and not self.ring):
             raise ValueError(
                 f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 64|128|256, splits 1|2|4|8, "
                 "ring 0|1, tma 0|1|2 (with ring 1), sk 0|1|2 (with ring 1 and splits 1), "
-                "prod 0|1|2 (with tma 2; 2 with wg 1|2), lean 0|1"
+                "prod 0|1|2 (with tma 2; 2 with wg 1|2), lean 0|1|2"
             )
 
     def to_dict(self) -> dict[str, int]:
@@ -888,7 +889,25 @@ class _Kernel:
         self.T.buffer_store(self.Y, tirx.Cast(self.out_dtype, val), [row, col])
 
     def _store(self, put) -> None:
-        """``put(row, col, value)`` of each of the thread's sums (within M), brought to scale."""
+        """``put(row, col, value)`` of each of the thread's sums (within M), brought to scale: by
+        ``ldexpf`` (about 14 instructions an output), or (``lean`` 2) where both of the thread's rows'
+        exponents are those of normal fp32 numbers, by one multiply by ``2^e`` made once a row (the
+        same bits: a product by a power of two rounds once, as ``ldexpf``)."""
+        exp = [tirx.BufferLoad(self.out_exp, [i]) for i in range(2)]
+        ldexp = lambda val, i: tirx.ldexp(val, exp[i])  # noqa: E731
+        if self.h.lean < 2:
+            self._store_scaled(put, ldexp)
+            return
+        normal = tirx.And(*(tirx.And(e >= -126, e <= 127) for e in exp))
+        two = [tirx.reinterpret("float32", tirx.Cast("uint32", e + 127) << u32(23)) for e in exp]
+        with self.T.If(normal):
+            with self.T.Then():
+                self._store_scaled(put, lambda val, i: val * two[i])
+            with self.T.Else():
+                self._store_scaled(put, ldexp)
+
+    def _store_scaled(self, put, scaled) -> None:
+        """:meth:`_store` with ``scaled(value, i)`` bringing row ``i``'s value to scale."""
         T = self.T
         for jn, i, c in itertools.product(range(self.m_tile // 8), range(2), range(2)):
             col = self.n0 + self.row(i)
@@ -897,10 +916,9 @@ class _Kernel:
             val = tirx.BufferLoad(self.acc, [a])
             if self.h.sk:  # an unfolded tile's sums are in the workspace
                 val = tirx.Select(self.fast[0] != 0, val, tirx.BufferLoad(*self.sums(a)))
-            val = tirx.ldexp(val, tirx.BufferLoad(self.out_exp, [i]))
             with T.If(row < self.m):
                 with T.Then():
-                    put(row, col, val)
+                    put(row, col, scaled(val, i))
 
     def add_splits(self) -> None:
         """The second kernel of a split K: Y = the splits' partial sums added in split order, plus the

@@ -50,7 +50,7 @@ class WgmmaW(Rule):
             return []
         f = formats.get(spec.fmt)
         tiles = ((1, 2, 4), (3, 4, 5), (1, 0), M_TILES, SPLITS)
-        space = itertools.product(*tiles, (0, 1), TMA, SK, PROD, (1, 0))
+        space = itertools.product(*tiles, (0, 1), TMA, SK, PROD, (1, 0, 2))
         ok = lambda p: (  # noqa: E731
             p[3] <= spec.m_bucket
             and (p[5] or not p[6])
@@ -106,13 +106,14 @@ class WgmmaW(Rule):
         return short * measured * ring * (1.0 + 0.05 * (h.splits - 1))
 
     def twins(self, spec: Any, hints: Hints) -> list[Hints]:
-        """``hints`` leaner (``lean`` 1; the twins below lean too), with its loads by TMA (the ring
+        """``hints`` leaner (``lean`` 1; the twins below lean too) and with its outputs scaled by a
+        multiply (``lean`` 2), with its loads by TMA (the ring
         on, ``tma`` 2), refilled by every thread, warp 0 and a producer warpgroup (``prod``), and
         that unsplit on a stream-K grid of 1 and 2 blocks an SM, with its M tile and twice it
         (stream-K pays per tile a block runs: on 8192² at 128 rows two warpgroups × 128 rows took
         0.77x the time of × 64), where those are candidates."""
-        leaner = _replaced(hints, lean=1) or hints  # (the twins below lean too)
-        twins = [leaner, *(_replaced(leaner, ring=1, tma=2, prod=p) for p in PROD)]
+        leaner = hints if hints.lean else _replaced(hints, lean=1) or hints  # (the twins below lean too)
+        twins = [leaner, _replaced(leaner, lean=2), *(_replaced(leaner, ring=1, tma=2, prod=p) for p in PROD)]
         sk = dict(ring=1, tma=hints.tma or 2, splits=1)
         tiles = itertools.product((hints.mt, 2 * hints.mt), SK[1:])
         prod = lambda k: hints.prod if k == 1 else min(hints.prod, 1)  # noqa: E731  (a producer: sk 1)
