@@ -203,7 +203,7 @@ def run(
                 ]
                 calls = [(lambda qi=qi, xi=x[adt]: mxgemm.linear(xi, qi)) for qi in cps]
                 add("mxgemm", f, _time_graph(_cycle(calls)), nbytes)
-                if len(ops.row_parts(m, arch, f, n, k, a_dtype)) > 1:  # also the rows on one kernel
+                if len(ops._parts(m, arch, f, n, k, a_dtype, None)) > 1:  # as linear split them: unsplit
                     with _env(ops.SPLIT_ENV, "0"):
                         add("mxgemm_unsplit", f, _time_graph(_cycle(calls)), nbytes)
                 if m >= DECODE_ROWS_FROM:

@@ -83,20 +83,27 @@ def test_no_split_across_records_of_different_gpus(tmp_path, monkeypatch):
     assert _parts(300) == (300,)
 
 
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_cpu_split_rows_write_their_slices(monkeypatch, dtype, bias):
-    """The split route itself on this CPU's kernels (the CPU never splits: its kernels serve any M),
-    rows cut at 64, a batch dimension, with and without bias: the product of the reference."""
+@pytest.fixture
+def cut_at_64(monkeypatch):
+    """Every call past 64 rows split at row 64 (the routes looked up afresh, and forgotten after the
+    test even if it fails)."""
     monkeypatch.setattr(ops, "row_parts", _cut_at_64)
     ops.clear_kernels()
-    _split_matches_the_reference("cpu", dtype, bias)
+    yield
     ops.clear_kernels()
 
 
 @functools.cache
 def _cut_at_64(m, *layer):
     return (64, m - 64) if m > 64 else (m,)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cpu_split_rows_write_their_slices(cut_at_64, dtype, bias):
+    """The split route itself on this CPU's kernels (the CPU never splits: its kernels serve any M),
+    rows cut at 64, a batch dimension, with and without bias: the product of the reference."""
+    _split_matches_the_reference("cpu", dtype, bias)
 
 
 FORCED = (40, 96, (64, 4))  # the forced split's shape and its two runs of rows (kernels: tests.prebuild_gpu)
@@ -117,12 +124,9 @@ def _split_matches_the_reference(device, dtype, bias, n=FORCED[0], k=FORCED[1]):
 @pytest.mark.gpu
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_gpu_split_rows_write_their_slices(monkeypatch, dtype, bias):
+def test_gpu_split_rows_write_their_slices(cut_at_64, dtype, bias):
     """As the CPU test, on the GPU kernels."""
-    monkeypatch.setattr(ops, "row_parts", _cut_at_64)
-    ops.clear_kernels()
     _split_matches_the_reference("cuda", dtype, bias)
-    ops.clear_kernels()
 
 
 @pytest.mark.gpu
