@@ -30,7 +30,10 @@ DECODE_ABOVE = 4  # CUDA, more rows than this: decode W in 16 bits, then cuBLAS 
 # record of rule DECODE_RULE: decode + cuBLAS measured fastest); from 128 rows: fused only where a record
 # says so
 WIDE = WIDE_M_BUCKETS  # 257-1024 rows: decode + cuBLAS unless a fused record wins
-DECIDED_BUCKETS, FUSED_IF_TUNED = (64, 128, 256, *WIDE), (128, 256, *WIDE)
+DECIDED_BUCKETS, FUSED_IF_TUNED = (32, 64, 128, 256, *WIDE), (128, 256, *WIDE)
+# CUDA buckets that run as the next one does (its record, or its route) where the tune log has no record
+# of their own: 17-32 rows on the 64-row bucket's kernel, as before the 32-row bucket was tuned
+BORROWS = {32: 64}
 DECODE_RULE = "dequant"  # the rule of the standalone decode kernel
 CPU_FUSED_UP_TO = 4  # CPU, up to this many rows: the few-row GEMV (cpu_gemv), where it tiles the shape
 CPU_CHUNK_MB = 4.0  # CPU: MB of decoded weights per chunk (L2/L3-resident when the GEMM reads them)
@@ -75,7 +78,8 @@ def plan(
     (``benchmarks/README.md``): ``mma`` wherever it applies (fp16 or bf16, up to 256 rows; past 16 rows
     with the activations in its ring); else the small-M rules up to ``DECODE_ABOVE`` rows (up to 2 for
     sub-byte codes when ``tensorcore`` applies: it wins from 3 rows there); ``tensorcore`` up to 64
-    rows; decode + cuBLAS beyond. In the buckets :data:`DECIDED_BUCKETS` the tune log decides: a
+    rows; decode + cuBLAS beyond. A bucket of :data:`BORROWS` without a record of its own runs as the
+    next bucket does. In the buckets :data:`DECIDED_BUCKETS` the tune log decides: a
     :data:`DECODE_RULE` record (decode + cuBLAS timed faster than every fused candidate) routes to the
     decode, a record of a fused rule to that kernel (``wgmma_w`` runs only so), and the buckets from 128
     rows up (:data:`WIDE` past 256) run fused only where such a record says so."""
@@ -101,8 +105,11 @@ def plan(
     if m == 1:
         return "linear", bucket
 
+    tuned = lambda b: builder.tuned_hints(fmt, n, k, b, a_dtype, tgt, block_size or f.block_size)  # noqa: E731
+    if bucket in BORROWS and tuned(bucket) is None:
+        bucket = BORROWS[bucket]
     if bucket in DECIDED_BUCKETS:
-        rec = builder.tuned_hints(fmt, n, k, bucket, a_dtype, tgt, block_size or f.block_size)
+        rec = tuned(bucket)
         if (rec[0] if rec else None) == DECODE_RULE or (rec is None and bucket in FUSED_IF_TUNED):
             return "decode", None
         if rec is not None:  # a fused rule measured fastest (the router may not pick it untuned)

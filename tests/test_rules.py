@@ -108,7 +108,7 @@ def test_default_hints_are_valid_for_every_format_block_and_bucket_a_rule_claims
     for fmt, block, bucket, dt, arch in itertools.product(
         formats.names(),
         (16, 32, 64),
-        (1, 4, 16, 64, 128, 256, None),
+        (1, 4, 16, 32, 64, 128, 256, None),
         ("float16", "bfloat16"),
         ("sm_90", "sm_80", "llvm"),
     ):

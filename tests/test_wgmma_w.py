@@ -57,6 +57,9 @@ def test_applies_names_the_problem():
     assert "do not fit an SM's registers" in wgmma_w.applies(fp4, 256, 512, "float16", two)
     sk = wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, sk=1)  # (its unfolded sums kept in memory)
     assert wgmma_w.applies(fp4, 256, 512, "float16", sk) is None
+    small = wgmma_w.Hints(1, 4, 1, mt=16, ring=1, tma=2, sk=1)  # 16 × 64 outputs: the fixup takes 2048
+    assert "stream-K's fixup takes tiles of 2048 outputs" in wgmma_w.applies(fp4, 256, 512, "float16", small)
+    assert wgmma_w.applies(fp4, 256, 512, "float16", dataclasses.replace(small, wg=2)) is None
     two = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=2)  # 165 KB a block: one an SM
     assert "two blocks of 168960 bytes" in wgmma_w.applies(fp4, 256, 512, "float16", two)
     assert wgmma_w.applies(fp4, 256, 512, "float16", wgmma_w.Hints(1, 4, 1, mt=64, ring=1, sk=2)) is None
@@ -254,6 +257,13 @@ SK_BIG = wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, sk=1, prod=2, lean=1)
 SK_BIG_LONG = wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, sk=1, prod=1, lean=1)
 SK_BIG_1 = wgmma_w.Hints(1, 3, 0, mt=256, ring=1, tma=2, sk=1)  # one warpgroup: 8-bit codes too
 GPU_TILES += [(SK_BIG, 300), (SK_BIG_LONG, 3000), (SK_BIG_1, 300)]
+# M tiles of 16 and 32 rows (the 16- and 32-row buckets): 37 rows, 3 tiles (5 rows in the last); a split
+# K; stream-K of 32-row tiles over 6 slots (77 rows: 3 tiles) and of 16-row tiles, 2 blocks an SM
+SMALL = wgmma_w.Hints(2, 4, 1, mt=16, ring=1, tma=2, prod=2, lean=2)
+SMALL_SPLIT = wgmma_w.Hints(1, 5, 1, mt=16, splits=2, lean=2)
+SMALL_SK = wgmma_w.Hints(2, 6, 1, mt=32, ring=1, tma=2, sk=1, prod=1, lean=2)
+SMALL_SK2 = wgmma_w.Hints(2, 4, 1, mt=16, ring=1, tma=2, sk=2, prod=1, lean=2)
+GPU_TILES += [(SMALL, 37), (SMALL_SPLIT, 20), (SMALL_SK, 77), (SMALL_SK2, 16)]
 # the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu
 PREBUILD = [
     (f, 256, 512, dt, True, h)
@@ -322,7 +332,7 @@ def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m, unfolded):
     [
         *(GPU_TILES[1][0], SPLIT, RING, TMA1, TMA2_SPLIT, BIG, SK1, SK2),
         *(PROD, PROD_SK, PRODUCER, PRODUCER_SPLIT, PRODUCER_SK, LEAN, LEAN_SK, LEAN_SPLIT, SK_BIG, SK_BIG_1),
-        *(LEAN2, LEAN2_SK, LEAN2_SPLIT),
+        *(LEAN2, LEAN2_SK, LEAN2_SPLIT, SMALL, SMALL_SPLIT, SMALL_SK, SMALL_SK2),
     ],
 )
 def test_gpu_one_hot_rows_are_bit_exact(fmt, dtype, hints):
@@ -385,6 +395,22 @@ def test_the_rule_runs_where_a_record_names_it(tmp_path, monkeypatch):
     assert ops.plan(100, "sm_90", "mxfp4", 512, 1024, "float16") == ("linear", 128)
     assert ops.plan(100, "sm_90", "mxfp4", 512, 1024, "bfloat16") == ("linear", 128)  # the fp16 record holds
     assert ops.plan(100, "sm_90", "mxfp4", 1024, 1024, "float16") == ("decode", None)  # another shape
+
+
+def test_17_to_32_rows_run_as_64_until_the_log_holds_a_record_of_their_own(tmp_path, monkeypatch):
+    """The 32-row bucket (M tiles of 16 or 32 rows on ``wgmma_w``) runs as the 64-row bucket does (its
+    record, or the routed rule) where the log has no record of its own."""
+    assert [builder.m_bucket_for(m, "cuda") for m in (16, 17, 32, 33)] == [16, 32, 32, 64]
+    spec = builder.KernelSpec("mxfp4", 512, 1024, 32, "float16", "float16", False, 32, targets.cuda("sm_90"))
+    mts = {h.mt for h in rules.get("wgmma_w").candidates(spec)}
+    assert mts == {16, 32} and rules.get("mma").applies(spec)
+    assert ops.plan(20, "sm_90", "mxfp4", 512, 1024, "float16") == ("linear", 64)  # no record: mma's 64
+    _record(tmp_path, monkeypatch, "mxfp4", 512, 1024, 64, wgmma_w.Hints(2, 4, 1, mt=64))
+    assert ops.plan(20, "sm_90", "mxfp4", 512, 1024, "float16") == ("linear", 64)
+    _record(tmp_path, monkeypatch, "mxfp4", 512, 1024, 32, wgmma_w.Hints(2, 4, 1, mt=32))
+    assert ops.plan(20, "sm_90", "mxfp4", 512, 1024, "float16") == ("linear", 32)
+    assert ops.plan(40, "sm_90", "mxfp4", 512, 1024, "float16") == ("linear", 64)
+    assert ops.plan(20, "sm_90", "mxfp4", 1024, 1024, "float16") == ("linear", 64)  # another shape
 
 
 def test_the_rule_serves_257_to_1024_rows_where_a_record_names_it(tmp_path, monkeypatch):

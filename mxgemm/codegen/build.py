@@ -21,7 +21,7 @@ from mxgemm.codegen import cache
 from mxgemm.codegen import target as targets
 from mxgemm.codegen.shapes import CPU_M_BUCKETS, WIDE_M_BUCKETS, check_shape, dtype_name
 
-M_BUCKETS = (1, 4, 16, 64, 128, 256, *WIDE_M_BUCKETS, None)  # None: no upper bound
+M_BUCKETS = (1, 4, 16, 32, 64, 128, 256, *WIDE_M_BUCKETS, None)  # None: no upper bound
 OPS = ("linear", "decode")
 
 
@@ -252,7 +252,7 @@ def build(
 
     Args:
         fmt: weight format name. n, k: output / input features (k a multiple of the block size).
-        m_bucket: rows served: 1, 4, 16, 64, 128, 256 or None (any M). CPU kernels: 1 or 4 (the GEMV,
+        m_bucket: rows served: 1, 4, 16, 32, 64, 128, 256, 384 ... 1024 or None (any M). CPU kernels: 1 or 4 (the GEMV,
             exactly that many rows) or any M.
         a_dtype, out_dtype: ``"float16"`` or ``"bfloat16"`` (or the torch dtypes); out defaults to a_dtype.
         target: ``"llvm"``, ``"cuda"`` (arch of the current GPU), ``"sm_80"``/``"sm_90"``, or a dict.

@@ -90,7 +90,7 @@ from mxgemm.codegen.wgmma import (
 STEP = 32  # K per scale block: two k16 wgmmas
 BK = 128  # K per ring slot
 WIDTHS = (4, 8)  # code widths with one bit plane
-M_TILES = (64, 128, 256)  # activation rows a block
+M_TILES = (16, 32, 64, 128, 256)  # activation rows a block
 # past 128 activation rows (a 128-register accumulator), a thread loads a step's code words just
 # before decoding it, and the unfolded path decodes a step at a time and runs its wgmmas on 64-row
 # parts of the tile (a 32-register fragment beside the accumulator): no spills
@@ -110,7 +110,7 @@ FIX = 8  # outputs a thread of the stream-K fixup
 class Hints:
     """wg: warpgroups per block (1..4), 64 weight rows each; stages: ring slots (3..6); double: 1 to
     decode the next slot while this one's wgmmas run (two fragment sets); mt: activation rows a
-    block (the wgmmas' N: 64, 128 or 256; the grid tiles any M); splits: K ranges run by separate blocks
+    block (the wgmmas' N: 16, 32, 64, 128 or 256; the grid tiles any M); splits: K ranges run by separate blocks
     (1, 2, 4, 8), their partial sums added by a second kernel; ring: how the ring's slots are
     synchronized (0: a block barrier an iteration, 1: mbarriers a slot); tma: what TMA loads
     (``ring`` 1) instead of every thread's ``cp.async``: 0, nothing; 1, the activations; 2, the
@@ -144,7 +144,7 @@ class Hints:
         ok = ok and (self.prod < 2 or self.wg <= 2) and self.lean in (0, 1, 2)
         if not ok or self.tma not in TMA or (self.tma and not self.ring):
             raise ValueError(
-                f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 64|128|256, splits 1|2|4|8, "
+                f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 16|32|64|128|256, splits 1|2|4|8, "
                 "ring 0|1, tma 0|1|2 (with ring 1), sk 0|1|2 (with ring 1 and splits 1), "
                 "prod 0|1|2 (with tma 2; 2 with wg 1|2), lean 0|1|2"
             )
@@ -179,6 +179,8 @@ def applies(fmt: formats.Format, n: int, k: int, a_dtype: str, h: Hints = Hints(
     if h.smem_bytes(fmt.bits) > SMEM_MAX:
         bars = " and the barriers" if h.ring else ""
         return f"{h.stages} slots of {h.slot_bytes(fmt.bits)[2]} bytes{bars} exceed {SMEM_MAX}"
+    if h.sk and h.mt * 64 * h.wg % (256 * FIX):
+        return f"stream-K's fixup takes tiles of {256 * FIX} outputs at least, not {h.mt} × {64 * h.wg}"
     if h.sk == 2 and h.prod == 2:
         return "two blocks with a producer warpgroup do not fit an SM's registers (sk 2)"
     if h.sk == 2 and 2 * (h.smem_bytes(fmt.bits) + 1024) > SM_SMEM:

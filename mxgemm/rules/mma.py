@@ -1,5 +1,5 @@
 """GPU rule ``mma``: tensor cores fed from registers for fp16 or bf16 activations at small and mid M (buckets
-1, 4, 16, 64, 128). This module is the policy (when it applies, the hint space, the defaults, the cost
+1, 4, 16, 32, 64, 128, 256). This module is the policy (when it applies, the hint space, the defaults, the cost
 model); the kernel and what its hints mean are :mod:`mxgemm.codegen.mma`.
 """
 
@@ -17,7 +17,7 @@ from mxgemm.rules.base import Rule, Scheduled, cheapest, cuda_linear, preferred
 
 # M buckets this rule serves (128 and 256: only with activations in the ring, ``xs``; 256 with warps
 # splitting M, ``mw``)
-M_TILES = (1, 4, 16, 64, 128, 256)
+M_TILES = (1, 4, 16, 32, 64, 128, 256)
 
 
 def fits(h: Hints, n: int, k: int) -> bool:

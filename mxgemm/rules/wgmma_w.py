@@ -1,5 +1,5 @@
 """GPU rule ``wgmma_w``: Hopper's wgmma fed from registers for fp16 or bf16 activations at mid M (buckets
-64, 128, 256, and 384 ... 1024 in steps of 128 rows, which decode + cuBLAS serves untuned). Not routed
+32, 64, 128, 256, and 384 ... 1024 in steps of 128 rows, which decode + cuBLAS serves untuned). Not routed
 untuned: it runs where the tune log names it, the tuner measuring it beside the ``mma`` rule (up to
 256 rows) and decode + cuBLAS (on an H200 it won 12 of 24 tasks at 64 rows, 16 of 24 at 128 and none
 at 256: ``benchmarks/results/NVIDIA_H200/tune-wgmma_w-r2-6cd8000.md``; on an H100, past 256 rows, the
@@ -21,7 +21,7 @@ from mxgemm.codegen.shapes import WIDE_M_BUCKETS
 from mxgemm.codegen.wgmma_w import M_TILES, PROD, SK, SPLITS, TMA, Hints, applies, kernel
 from mxgemm.rules.base import Rule, Scheduled, cheapest, cuda_linear
 
-BUCKETS = (64, 128, 256, *WIDE_M_BUCKETS)
+BUCKETS = (32, 64, 128, 256, *WIDE_M_BUCKETS)
 
 
 class WgmmaW(Rule):
@@ -49,10 +49,11 @@ class WgmmaW(Rule):
         if not self._serves(spec):
             return []
         f = formats.get(spec.fmt)
-        tiles = ((1, 2, 4), (3, 4, 5), (1, 0), M_TILES, SPLITS)
+        tiles = ((1, 2, 4), (3, 4, 5, 6), (1, 0), M_TILES, SPLITS)
         space = itertools.product(*tiles, (0, 1), TMA, SK, PROD, (1, 0, 2))
         ok = lambda p: (  # noqa: E731
             p[3] <= spec.m_bucket
+            and (p[1] < 6 or p[3] <= 32)  # (6 slots: small M tiles)
             and (p[5] or not p[6])
             and (not p[7] or (p[5] and p[4] == 1))
             and (not p[8] or p[6] == 2)
@@ -93,16 +94,25 @@ class WgmmaW(Rule):
         warpgroups × 64 rows took 1.77x the time of × 256, waves counted:
         ``msweep-m257-1024-float16-a20512b.jsonl``). Stream-K of 256-row tiles took 1.3-1.9x the time
         of the same tiles a block each at 256-768 rows (14336×4096 at 256: 101-106 µs against 55;
-        ``tune-wide-m-float16-sk256-17ff1c6.jsonl``): 1.5."""
+        ``tune-wide-m-float16-sk256-17ff1c6.jsonl``): 1.5. M tiles of 16 and 32 rows (H100, mxfp4 fp16, 6
+        shapes at 16 and 32 rows, ``small-mt-*.json``): stream-K took 1.0-1.4x the time of a block a tile
+        (1.25), warp 0 refilling the ring 1.1x a producer warpgroup's; a 32-row tile 0.87-0.95x a 64-row
+        one's time at 32 rows, a 16-row one 1.0-1.8x (two tiles, the weights decoded twice); at 16
+        rows the ``mma`` rule took 0.70-0.86x the best 16-row tile's time on every shape, so the rule
+        serves from the 32-row bucket."""
         waves = _blocks(spec, h) * h.splits / _slots(spec, h)
         short = math.ceil(waves) / waves if not h.sk else 1.03 * (1.0 if h.sk == _per_sm(h) else 1.05)
         short *= 1.5 if h.sk and h.mt == 256 else 1.0
-        tile = {64: 1.7 if spec.m_bucket > 256 else 1.0, 128: 1.1, 256: 0.85}[h.mt]
+        tile = {16: 0.7, 32: 0.8, 64: 1.7 if spec.m_bucket > 256 else 1.0, 128: 1.1, 256: 0.85}[h.mt]
+        tile *= max(1.0, 0.75 * min(spec.m_bucket, 64) / h.mt)  # small tiles: the weights decoded again
         measured = (1.0 + 0.1 * (h.wg - 1)) * tile * (1.0 if h.double else 1.15)
         ring = (0.9 if h.wg > 1 else 1.1) if h.ring else 1.0
         ring *= (0.9, 0.85)[h.tma - 1] if h.tma and h.wg > 1 else 1.02 if h.tma else 1.0
         prod = (1.0, 0.92 if h.mt == 256 else 0.97, 0.9)[h.prod] if not h.sk else 1.0
         ring *= prod * (1.0 + 0.1 * abs(h.stages - 4)) * (0.95 if h.lean else 1.0)
+        if h.mt < 64:
+            short *= 1.25 if h.sk else 1.0
+            ring *= 1.0 if h.prod == 2 else 1.1
         return short * measured * ring * (1.0 + 0.05 * (h.splits - 1))
 
     def twins(self, spec: Any, hints: Hints) -> list[Hints]:
