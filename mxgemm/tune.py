@@ -90,6 +90,8 @@ def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[s
             for m in ms:
                 op, bucket = plan(m, arch if cuda else "llvm", fmt, n, k, a_dtype, f.block_size)
                 decided = builder.m_bucket_for(m, "cuda") if cuda else None
+                if op == "linear" and decided in ops.BORROWS:  # (its own bucket, not the one it borrows)
+                    bucket = decided
                 if op == "decode" and decided in ops.DECIDED_BUCKETS:
                     # decode + cuBLAS for want of a record: the fused rule against it, as a candidate
                     fused = Task(fmt, n, k, decided, a_dtype, arch)

@@ -139,7 +139,7 @@ def wgmma_cases(arch):
             yield dict(wgmma=args)
         for args in test_wgmma_w.PREBUILD:
             yield dict(wgmma_w=args)
-        for fmt, n, k, bucket, hints in (test_wgmma_w.LINEAR, test_wgmma_w.LINEAR_384):
+        for fmt, n, k, bucket, hints in test_wgmma_w.LINEARS:
             for dt in ("float16", "bfloat16"):
                 yield dict(fmt=fmt, n=n, k=k, m_bucket=bucket, a_dtype=dt, target=arch, hints=hints)
 

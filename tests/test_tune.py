@@ -53,6 +53,10 @@ def test_model_shapes_from_config(tmp_path):
 def test_tasks_cover_the_tunable_buckets(cpu_arch):
     todo, notes = tune.tasks([(4096, 4096)], ["mxfp4"], (1, 2, 4, 16, 4096), "float16", "sm_90")
     assert [t.m_bucket for t in todo] == [1, 4, 16]  # what `mxgemm.linear` runs: the mma rule
+    # 17-32 rows run as 64 until the log holds a 32-row record: the 32-row bucket is what is tuned
+    assert ops.plan(20, "sm_90", "mxfp4", 2048, 4096, "float16") == ("linear", 64)
+    todo, _ = tune.tasks([(2048, 4096)], ["mxfp4"], (20, 32, 64), "float16", "sm_90")
+    assert [(t.m_bucket, tune.rule_of(t)) for t in todo] == [(32, "mma"), (64, "mma")]
     assert notes == ["4096,4096 M=4096: decode + cuBLAS, no hints to tune: skipped"]
     # 256 rows: decode + cuBLAS while the log has no fused record there; the fused rule is tuned
     # against it (a decode candidate); 257-1024 rows (buckets of 128 rows) only wgmma_w, which the

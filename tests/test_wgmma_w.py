@@ -274,6 +274,9 @@ PREBUILD = [
 # test_gpu_linear_runs_the_records_kernel's: its record's layer, n, k, bucket and hints
 LINEAR = ("mxfp4", 512, 1024, 128, wgmma_w.Hints(2, 4, 1, mt=64, splits=2, ring=1, tma=2))
 LINEAR_384 = ("mxfp4", 512, 1024, 384, wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=2, lean=1))
+LINEAR_32 = ("mxfp4", 512, 1024, 32, wgmma_w.Hints(2, 4, 1, mt=32, ring=1, tma=2, prod=2, lean=2))
+LINEARS = (LINEAR, LINEAR_384, LINEAR_32)
+ROWS = {128: 100, 384: 300, 32: 20}  # the rows test_gpu_linear_runs_the_records_kernel calls each with
 hopper = pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
     reason="needs a Hopper GPU",
@@ -449,12 +452,13 @@ def test_a_records_kernel_is_built_for_sm_90a(tmp_path, monkeypatch):
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("record", [LINEAR, LINEAR_384])
+@pytest.mark.parametrize("record", LINEARS)
 def test_gpu_linear_runs_the_records_kernel(tmp_path, monkeypatch, dtype, record):
     """``mxgemm.linear`` with a ``wgmma_w`` record, at 100 rows (split K: its workspace comes from TVM's
-    pool) and at 300 (bucket 384, 256-row tiles): the record's kernel, against the oracle's float64
-    product, one-hot rows bit for bit, and a CUDA graph's replay equal to the eager call."""
-    (fmt, n, k, bucket, hints), m = record, 100 if record[3] == 128 else 300
+    pool), at 300 (bucket 384, 256-row tiles) and at 20 (bucket 32, a part-filled 32-row tile): the
+    record's kernel, against the oracle's float64 product, one-hot rows bit for bit, and a CUDA
+    graph's replay equal to the eager call."""
+    (fmt, n, k, bucket, hints), m = record, ROWS[record[3]]
     _record(tmp_path, monkeypatch, fmt, n, k, bucket, hints)
     dt = getattr(torch, dtype)
     torch.manual_seed(1)
