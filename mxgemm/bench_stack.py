@@ -29,7 +29,7 @@ HIDDEN, INTER, KV = 4096, 14336, 1024  # Llama-3-8B: 32 heads, 8 KV heads of 128
 PROJ = (("q", HIDDEN, HIDDEN), ("k", HIDDEN, KV), ("v", HIDDEN, KV), ("o", HIDDEN, HIDDEN))
 PROJ += (("gate", HIDDEN, INTER), ("up", HIDDEN, INTER), ("down", INTER, HIDDEN))
 LAYERS = 2
-MS = (1, 4, 16, 64, 128, 256, 1024)
+MS = (1, 4, 16, 32, 64, 128, 256, 1024)
 DTYPES = ("float16", "bfloat16")
 STEPS = 20  # eager steps per timing; graph replays per timing
 COMPILED_MS = (1, 16, 256)  # M of the torch.compile(mode="reduce-overhead") rows (each compiles anew)
