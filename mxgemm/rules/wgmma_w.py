@@ -96,9 +96,9 @@ class WgmmaW(Rule):
         of the same tiles a block each at 256-768 rows (14336×4096 at 256: 101-106 µs against 55;
         ``tune-wide-m-float16-sk256-17ff1c6.jsonl``): 1.5. M tiles of 16 and 32 rows (H100, mxfp4 fp16, 6
         shapes at 16 and 32 rows, ``small-mt-*.json``): stream-K took 1.0-1.4x the time of a block a tile
-        (1.25), warp 0 refilling the ring 1.1x a producer warpgroup's; a 32-row tile 0.87-0.95x a 64-row
+        (1.25), warp 0 refilling the ring 1.1x a producer warpgroup's; a 32-row tile 0.88-0.95x a 64-row
         one's time at 32 rows, a 16-row one 1.0-1.8x (two tiles, the weights decoded twice); at 16
-        rows the ``mma`` rule took 0.70-0.86x the best 16-row tile's time on every shape, so the rule
+        rows the ``mma`` rule took 0.71-0.89x the best 16-row tile's time on every shape, so the rule
         serves from the 32-row bucket."""
         waves = _blocks(spec, h) * h.splits / _slots(spec, h)
         short = math.ceil(waves) / waves if not h.sk else 1.03 * (1.0 if h.sk == _per_sm(h) else 1.05)
