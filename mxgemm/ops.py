@@ -158,11 +158,15 @@ def row_parts(
 
 @functools.lru_cache(maxsize=4096)
 def _bucket_record(fmt: str, n: int, k: int, bucket: int, a_dtype: str, arch: str, block_size: int | None):
-    """The tune log's record of a CUDA M bucket (`mxgemm.tunelog.lookup`), or None."""
+    """The tune log's record of a CUDA M bucket (`mxgemm.tunelog.lookup`; a bucket of :data:`BORROWS`
+    without one: the bucket's it runs as), or None."""
     from mxgemm import tunelog
 
     key = tunelog.Key(fmt, n, k, bucket, a_dtype, arch, block_size=block_size or 0).key()
-    return tunelog.lookup(key, builder.versions(targets.cuda(arch)))
+    rec = tunelog.lookup(key, builder.versions(targets.cuda(arch)))
+    if rec is None and bucket in BORROWS:
+        return _bucket_record(fmt, n, k, BORROWS[bucket], a_dtype, arch, block_size)
+    return rec
 
 
 def build_args_all(m: int, **layer) -> list[dict]:

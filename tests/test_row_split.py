@@ -83,6 +83,21 @@ def test_no_split_across_records_of_different_gpus(tmp_path, monkeypatch):
     assert _parts(300) == (300,)
 
 
+def test_a_tail_of_17_to_32_rows_takes_the_64_row_record_without_one_of_its_own(tmp_path, monkeypatch):
+    """The 32-row bucket runs as the 64-row one until the log holds a record of its own
+    (`mxgemm.ops.BORROWS`), and the split's times follow the kernel that runs."""
+    fused = wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2).to_dict()
+    records = {
+        64: ("dequant", {}, 3.0, "H"),
+        256: ("wgmma_w", fused, 10.0, "H"),
+        384: ("dequant", {}, 20.0, "H"),
+    }
+    _log(tmp_path, monkeypatch, records)
+    assert _parts(280) == (256, 24)  # 10 + 3 µs against 20 × 280 / 384 = 14.6
+    _log(tmp_path, monkeypatch, {**records, 32: ("dequant", {}, 5.0, "H")})
+    assert _parts(280) == (280,)  # the 32-row bucket's own record: 10 + 5 µs
+
+
 @pytest.fixture
 def cut_at_64(monkeypatch):
     """Every call past 64 rows split at row 64 (the routes looked up afresh, and forgotten after the

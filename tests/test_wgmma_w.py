@@ -257,7 +257,7 @@ SK_BIG = wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, sk=1, prod=2, lean=1)
 SK_BIG_LONG = wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, sk=1, prod=1, lean=1)
 SK_BIG_1 = wgmma_w.Hints(1, 3, 0, mt=256, ring=1, tma=2, sk=1)  # one warpgroup: 8-bit codes too
 GPU_TILES += [(SK_BIG, 300), (SK_BIG_LONG, 3000), (SK_BIG_1, 300)]
-# M tiles of 16 and 32 rows (the 16- and 32-row buckets): 37 rows, 3 tiles (5 rows in the last); a split
+# M tiles of 16 and 32 rows (the 32-row bucket's): 37 rows, 3 tiles (5 rows in the last); a split
 # K; stream-K of 32-row tiles over 6 slots (77 rows: 3 tiles) and of 16-row tiles, 2 blocks an SM
 SMALL = wgmma_w.Hints(2, 4, 1, mt=16, ring=1, tma=2, prod=2, lean=2)
 SMALL_SPLIT = wgmma_w.Hints(1, 5, 1, mt=16, splits=2, lean=2)

@@ -110,8 +110,8 @@ FIX = 8  # outputs a thread of the stream-K fixup
 class Hints:
     """wg: warpgroups per block (1..4), 64 weight rows each; stages: ring slots (3..6); double: 1 to
     decode the next slot while this one's wgmmas run (two fragment sets); mt: activation rows a
-    block (the wgmmas' N: 16, 32, 64, 128 or 256; the grid tiles any M); splits: K ranges run by separate blocks
-    (1, 2, 4, 8), their partial sums added by a second kernel; ring: how the ring's slots are
+    block (the wgmmas' N: 16, 32, 64, 128 or 256; the grid tiles any M); splits: K ranges run by
+    separate blocks (1, 2, 4, 8), their partial sums added by a second kernel; ring: how the ring's slots are
     synchronized (0: a block barrier an iteration, 1: mbarriers a slot); tma: what TMA loads
     (``ring`` 1) instead of every thread's ``cp.async``: 0, nothing; 1, the activations; 2, the
     activations and the codes; sk: stream-K (``ring`` 1, no ``splits``): 0, a block a tile; 1 or 2, a
@@ -144,8 +144,8 @@ class Hints:
         ok = ok and (self.prod < 2 or self.wg <= 2) and self.lean in (0, 1, 2)
         if not ok or self.tma not in TMA or (self.tma and not self.ring):
             raise ValueError(
-                f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 16|32|64|128|256, splits 1|2|4|8, "
-                "ring 0|1, tma 0|1|2 (with ring 1), sk 0|1|2 (with ring 1 and splits 1), "
+                f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 16|32|64|128|256, "
+                "splits 1|2|4|8, ring 0|1, tma 0|1|2 (with ring 1), sk 0|1|2 (with ring 1 and splits 1), "
                 "prod 0|1|2 (with tma 2; 2 with wg 1|2), lean 0|1|2"
             )
 

@@ -1,6 +1,6 @@
-"""GPU rule ``mma``: tensor cores fed from registers for fp16 or bf16 activations at small and mid M (buckets
-1, 4, 16, 32, 64, 128, 256). This module is the policy (when it applies, the hint space, the defaults, the cost
-model); the kernel and what its hints mean are :mod:`mxgemm.codegen.mma`.
+"""GPU rule ``mma``: tensor cores fed from registers for fp16 or bf16 activations at small and mid M
+(buckets 1, 4, 16, 32, 64, 128, 256). This module is the policy (when it applies, the hint space, the
+defaults, the cost model); the kernel and what its hints mean are :mod:`mxgemm.codegen.mma`.
 """
 
 from __future__ import annotations
