@@ -264,12 +264,20 @@ SMALL_SPLIT = wgmma_w.Hints(1, 5, 1, mt=16, splits=2, lean=2)
 SMALL_SK = wgmma_w.Hints(2, 6, 1, mt=32, ring=1, tma=2, sk=1, prod=1, lean=2)
 SMALL_SK2 = wgmma_w.Hints(2, 4, 1, mt=16, ring=1, tma=2, sk=2, prod=1, lean=2)
 GPU_TILES += [(SMALL, 37), (SMALL_SPLIT, 20), (SMALL_SK, 77), (SMALL_SK2, 16)]
+# test_gpu_lean_2_gives_lean_1s_bits's: lean 2 against its lean-1 twin (mxfp4, no bias)
+LEAN2_CASES = [(LEAN2, 300), (LEAN2_SK, 150), (LEAN2_SPLIT, 77)]
 # the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu
 PREBUILD = [
     (f, 256, 512, dt, True, h)
     for f, dt in GPU_FORMATS
     for h, _ in GPU_TILES
     if wgmma_w.applies(formats.get(f), 256, 512, dt, h) is None
+]
+PREBUILD += [
+    ("mxfp4", 256, 512, dt, False, h)
+    for dt in ("float16", "bfloat16")
+    for lean2, _ in LEAN2_CASES
+    for h in (dataclasses.replace(lean2, lean=1), lean2)
 ]
 # test_gpu_linear_runs_the_records_kernel's: its record's layer, n, k, bucket and hints
 LINEAR = ("mxfp4", 512, 1024, 128, wgmma_w.Hints(2, 4, 1, mt=64, splits=2, ring=1, tma=2))
@@ -356,7 +364,7 @@ def test_gpu_one_hot_rows_are_bit_exact(fmt, dtype, hints):
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize(("lean2", "m"), [(LEAN2, 300), (LEAN2_SK, 150), (LEAN2_SPLIT, 77)])
+@pytest.mark.parametrize(("lean2", "m"), LEAN2_CASES)
 def test_gpu_lean_2_gives_lean_1s_bits(dtype, lean2, m):
     """``lean`` 2 scales the outputs by a multiply where a row's exponent is a normal fp32 one, else by
     ``ldexpf`` as ``lean`` 1 does: the same bits, on rows of ordinary scales, rows whose scales lie near
