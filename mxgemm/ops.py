@@ -105,11 +105,9 @@ def plan(
     if m == 1:
         return "linear", bucket
 
-    tuned = lambda b: builder.tuned_hints(fmt, n, k, b, a_dtype, tgt, block_size or f.block_size)  # noqa: E731
-    if bucket in BORROWS and tuned(bucket) is None:
-        bucket = BORROWS[bucket]
+    bucket = _runs_as(fmt, n, k, bucket, a_dtype, arch, block_size)
     if bucket in DECIDED_BUCKETS:
-        rec = tuned(bucket)
+        rec = builder.tuned_hints(fmt, n, k, bucket, a_dtype, tgt, block_size or f.block_size)
         if (rec[0] if rec else None) == DECODE_RULE or (rec is None and bucket in FUSED_IF_TUNED):
             return "decode", None
         if rec is not None:  # a fused rule measured fastest (the router may not pick it untuned)
@@ -148,7 +146,8 @@ def row_parts(
     best, parts = whole.us * (m / bucket if whole.rule == DECODE_RULE else 1), (m,)
     for h in range(256, bucket, 128):
         head = _bucket_record(fmt, n, k, h, a_dtype, arch, block_size)
-        tail = _bucket_record(fmt, n, k, builder.m_bucket_for(m - h, "cuda"), a_dtype, arch, block_size)
+        rest = _runs_as(fmt, n, k, builder.m_bucket_for(m - h, "cuda"), a_dtype, arch, block_size)
+        tail = _bucket_record(fmt, n, k, rest, a_dtype, arch, block_size)
         if head is None or tail is None or {head.gpu, tail.gpu} != {whole.gpu}:
             continue
         if head.us + tail.us < best:
@@ -158,15 +157,21 @@ def row_parts(
 
 @functools.lru_cache(maxsize=4096)
 def _bucket_record(fmt: str, n: int, k: int, bucket: int, a_dtype: str, arch: str, block_size: int | None):
-    """The tune log's record of a CUDA M bucket (`mxgemm.tunelog.lookup`; a bucket of :data:`BORROWS`
-    without one: the bucket's it runs as), or None."""
+    """The tune log's record of a CUDA M bucket (`mxgemm.tunelog.lookup`), or None."""
     from mxgemm import tunelog
 
     key = tunelog.Key(fmt, n, k, bucket, a_dtype, arch, block_size=block_size or 0).key()
-    rec = tunelog.lookup(key, builder.versions(targets.cuda(arch)))
-    if rec is None and bucket in BORROWS:
-        return _bucket_record(fmt, n, k, BORROWS[bucket], a_dtype, arch, block_size)
-    return rec
+    return tunelog.lookup(key, builder.versions(targets.cuda(arch)))
+
+
+def _runs_as(fmt: str, n: int, k: int, bucket: int | None, a_dtype: str, arch: str, block_size: int | None):
+    """The CUDA M bucket whose kernel serves ``bucket``: itself, or for a bucket of :data:`BORROWS`
+    without a tune record of its own, the bucket it borrows (looked up afresh: callers cache)."""
+    if bucket not in BORROWS:
+        return bucket
+    block = block_size or formats.get(fmt).block_size
+    own = builder.tuned_hints(fmt, n, k, bucket, a_dtype, targets.cuda(arch), block)
+    return bucket if own is not None else BORROWS[bucket]
 
 
 def build_args_all(m: int, **layer) -> list[dict]:
