@@ -232,15 +232,19 @@ def _check_fp16_once(
 ):
     """:func:`check_fp16_range`, done once per weight: memoized on the first code plane, keyed by
     everything the result depends on (each plane and the scales, by identity and version, and the
-    format), so a new weight that shares a tensor with a checked one is checked again."""
-
-    def check():
-        blocks = layout.from_planes(planes, formats.get(fmt).bits)
-        check_fp16_range(MxWeight(blocks, scales, fmt, block_size, (n, k)))
-        return True
-
-    key = (fmt, block_size, *((id(t), t.data_ptr(), t._version) for t in (scales, *planes)))
-    _memo(planes[0], "_mxgemm_fp16_ok", key, check)
+    format), so a new weight that shares a tensor with a checked one is checked again. A weight not
+    yet checked while a CUDA graph is being captured is let through (the check syncs the host)."""
+    p0 = planes[0]
+    key = (fmt, block_size, id(scales), scales.data_ptr(), scales._version, p0.data_ptr(), p0._version)
+    if len(planes) > 1:
+        key += tuple((id(t), t.data_ptr(), t._version) for t in planes[1:])
+    if getattr(p0, "_mxgemm_fp16_ok", None) == key:  # on the forward path: one tuple compare
+        return
+    if p0.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    blocks = layout.from_planes(planes, formats.get(fmt).bits)
+    check_fp16_range(MxWeight(blocks, scales, fmt, block_size, (n, k)))
+    p0._mxgemm_fp16_ok = key
 
 
 def _planes(blocks: torch.Tensor, bits: int) -> list[torch.Tensor]:
@@ -335,24 +339,56 @@ def _forward(
     m = x2.shape[0]
     if m == 0:
         return x.new_empty(*x.shape[:-1], n)
-    dev = x.device
-    cuda = dev.type == "cuda"
-    if x.dtype is torch.float16 and not (cuda and torch.cuda.is_current_stream_capturing()):
-        _check_fp16_once(planes, scales, fmt, block_size, n, k)  # a host sync: never inside a CUDA graph
-    key = (m, dev, x.dtype, fmt, n, k, bias is not None, block_size, os.environ.get(BACKEND_ENV))
-    kernel = _routes[key] if key in _routes else _routes.setdefault(key, _route(*key))
-    pad = 0 if cuda or not isinstance(kernel, builder.Kernel) else (kernel.spec.m_bucket or m) - m
+    if x.dtype is torch.float16:
+        _check_fp16_once(planes, scales, fmt, block_size, n, k)
+    key = (m, x.device, x.dtype, fmt, n, k, bias is not None, block_size, os.environ.get(BACKEND_ENV))
+    run = _launchers.get(key)
+    if run is None:
+        run = _launchers[key] = _launcher(key)
+    out = run(x2, planes, scales, bias)
+    return out if flat else out.reshape(*x.shape[:-1], n)
+
+
+def _launcher(key: tuple):
+    """The function ``(x2, planes, scales, bias) -> out`` that runs a call of signature ``key`` (as
+    :data:`_routes`'s) on its route: for one fused CUDA kernel, an output allocated and the kernel
+    launched, nothing else on the way (an eager call's host time: ``benchmarks/README.md``), else
+    :func:`_run_route`."""
+    route = _routes[key] if key in _routes else _routes.setdefault(key, _route(*key))
+    m, dev, dtype, fmt, n, k, _, block_size, _ = key
+    if dev.type != "cuda" or not isinstance(route, builder.Kernel):
+        return functools.partial(_run_route, route, fmt=fmt, block_size=block_size, n=n, k=k)
+    index = dev.index
+
+    def run(x2, planes, scales, bias):
+        out = torch.empty(m, n, dtype=dtype, device=dev)
+        args = (x2, *planes, scales, out) if bias is None else (x2, *planes, scales, bias.contiguous(), out)
+        if torch.cuda.current_device() == index:
+            route(*args)
+        else:
+            with torch.cuda.device(index):
+                route(*args)
+        return out
+
+    return run
+
+
+def _run_route(route, x2, planes, scales, bias, *, fmt, block_size, n, k) -> torch.Tensor:
+    """``x2 @ W.T (+ bias)`` on ``route`` (:func:`_route`): any kernel, the decode, a row split or the
+    emulation; ``[m, n]``, ``m`` the rows of ``x2``. Arguments as :func:`_forward`'s."""
+    m = x2.shape[0]
+    pad = (route.spec.m_bucket or m) - m if isinstance(route, builder.Kernel) and not x2.is_cuda else 0
     if pad:  # a CPU static-M kernel: zero rows up to its bucket
         x2 = torch.cat([x2, x2.new_zeros(pad, k)])
-    if kernel is _EMULATED:
-        out = _emulated(x2, planes, scales, bias, fmt, block_size, n, k)
-    elif type(kernel) is tuple:  # the rows split between kernels (`row_parts`), each writing its own
-        out = torch.empty(m, n, dtype=x.dtype, device=dev)
-        for r0, r1, part in kernel:
+    if route is _EMULATED:
+        return _emulated(x2, planes, scales, bias, fmt, block_size, n, k)
+    if type(route) is tuple:  # the rows split between kernels (`row_parts`), each writing its own
+        out = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
+        for r0, r1, part in route:
             _run(part, x2[r0:r1], planes, scales, bias, fmt, block_size, n, k, out[r0:r1])
-    else:
-        out = _run(kernel, x2, planes, scales, bias, fmt, block_size, n, k)[:m]
-    return out if flat else out.reshape(*x.shape[:-1], n)
+        return out
+    out = _run(route, x2, planes, scales, bias, fmt, block_size, n, k)
+    return out[:m] if pad else out
 
 
 def _run(kernel, x2, planes, scales, bias, fmt, block_size, n, k, out=None) -> torch.Tensor:
@@ -376,6 +412,7 @@ def _run(kernel, x2, planes, scales, bias, fmt, block_size, n, k, out=None) -> t
 
 
 _routes: dict[tuple, object] = {}  # (m, device, dtype, fmt, n, k, bias, block, backend) -> kernel
+_launchers: dict[tuple, object] = {}  # the same keys -> the function that runs a call (`_launcher`)
 _EMULATED = object()  # the route of $MXGEMM_BACKEND=emulated
 
 
@@ -416,6 +453,7 @@ def clear_kernels() -> None:
     fused and decode, and where rows split)."""
     _kernels.clear()
     _routes.clear()
+    _launchers.clear()
     plan.cache_clear()
     row_parts.cache_clear()
     _bucket_record.cache_clear()

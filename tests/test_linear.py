@@ -8,6 +8,7 @@ import torch
 
 import mxgemm
 from mxgemm import ops
+from mxgemm.codegen import build as builder
 from mxgemm.codegen import target as targets
 from tests.linear_cases import (
     BLOCK_CASES,
@@ -280,7 +281,7 @@ def test_gpu_pdl_chain(fmt, m):
 
     def chain():
         for a, b in itertools.pairwise(ys):
-            ops._run(kernel, [a, *planes, q.scales, b])
+            builder.launch(kernel, [a, *planes, q.scales, b])
 
     chain()
     torch.cuda.synchronize()
