@@ -5,7 +5,8 @@ against the same stack as ``nn.Linear``, in eager mode, in a CUDA graph and unde
 The stack is two Llama-3-8B decoder layers' seven projections (q, k, v, o, gate, up, down: 14 calls a
 step, 436 M weights, 870 MB in 16 bits, so L2 holds none of it between calls). A step calls each layer
 on its own input ``[m, in_features]``; eager steps are timed back to back with CUDA events (the host
-path counts), graph steps as one captured step replayed. Peers, when they run here: torch's int4
+path counts; the methods in turns, as the host's speed drifts), graph steps as one captured step
+replayed. Peers, when they run here: torch's int4
 tinygemm (bf16, group 32, what torchao's int4 weight-only uses) and, where ``gemlite`` is installed
 (the ``peers`` extra), GemLite's MX layer of the same format (mxfp4: ``A16W4_MXFP``, mxfp8_e4m3:
 ``A16W8_MXFP``; it autotunes its Triton kernels on each M's first call, in the warm-up). Results go to
@@ -70,16 +71,33 @@ def _time(step, graph: bool) -> float:
             step()
         run = g.replay
     torch.cuda.synchronize()
-    times = []
+    return statistics.median(_steps_us(run) for _ in range(REPEATS))
+
+
+def _time_eager(steps: dict[str, Any]) -> dict[str, float]:
+    """Median µs per eager step of each of ``steps`` (name -> step), timed in turns: each of
+    ``REPEATS`` rounds times every step once, so a change in the host's speed during the run (eager
+    steps are host-bound at few rows) weighs on all of them alike."""
+    for step in steps.values():
+        for _ in range(3):
+            step()  # loads kernels and runs first-call checks
+    torch.cuda.synchronize()
+    times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(REPEATS):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(STEPS):
-            run()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / STEPS)
-    return statistics.median(times)
+        for name, step in steps.items():
+            times[name].append(_steps_us(step))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _steps_us(run) -> float:
+    """µs per call of ``STEPS`` back-to-back ``run()``, timed with CUDA events."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(STEPS):
+        run()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1e3 / STEPS
 
 
 def host_cost(fmt: str = "mxfp4", n: int = 1024, k: int = 4096, calls: int = 200) -> dict[str, float]:
@@ -115,6 +133,12 @@ def _per_call(fn, x: torch.Tensor, calls: int) -> float:
         torch.cuda.synchronize()
         best = min(best, (time.perf_counter() - t0) / calls * 1e6)
     return best
+
+
+def _step(layers: list[nn.Module], xs: list[torch.Tensor]):
+    """One eager step of the stack: each layer on its own input."""
+    calls = list(zip(layers, xs, strict=True))
+    return lambda: [f(x) for f, x in calls]
 
 
 class _Step(nn.Module):
@@ -174,15 +198,15 @@ def run(fmt: str = "mxfp4", ms=MS, dtypes=DTYPES, out_dir: str | Path = "benchma
             stacks[f"gemlite_{fmt}"] = peer
         for m in ms:
             xs = [torch.randn(m, i, device=dev, dtype=dt) for i, _ in shapes()]
+            steps = {name: _step(layers, xs) for name, layers in stacks.items()}
+            eager = _time_eager(steps)
             base: dict[str, float] = {}
             for name, layers in stacks.items():
-                calls = list(zip(layers, xs, strict=True))
-                modes = {"eager": (lambda calls=calls: [f(x) for f, x in calls], False)}
-                modes["graph"] = (modes["eager"][0], True)
+                modes = {"eager": None, "graph": None}
                 if m in COMPILED_MS and name in ("nn.Linear", "mxgemm"):
-                    modes["compiled"] = (_compiled(layers, xs), False)
-                for mode, (step, graph) in modes.items():
-                    us = _time(step, graph)
+                    modes["compiled"] = _compiled(layers, xs)
+                for mode, compiled in modes.items():
+                    us = eager[name] if mode == "eager" else _time(compiled or steps[name], mode == "graph")
                     speedup = base.setdefault(mode, us) / us  # nn.Linear comes first
                     rows.append(dict(method=name, dtype=dt_name, m=m, mode=mode, us=us, speedup=speedup))
                     print(f"{dt_name} M={m} {mode:5} {name:14} {us:9.1f} us  {speedup:5.2f}x", flush=True)
