@@ -165,6 +165,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     if args.stack:
         return _bench_stack(args)
+    args.a_dtype = args.a_dtype or "float16"
     if args.device == "cpu":
         return _bench_cpu(args)
     shapes = tuple(_ints(s) for s in args.shapes) if args.shapes else bench.SHAPES
@@ -212,13 +213,14 @@ def _bench_stack(args: argparse.Namespace) -> int:
 
     fmt = args.formats.split(",")[0] if args.formats else "mxfp4"
     ms = _ints(args.m) if args.m else bench_stack.MS
+    dtypes = (args.a_dtype,) if args.a_dtype else bench_stack.DTYPES
     if args.build_only:
-        bench.build_only(bench_stack.build_specs(fmt, args.arch, ms), jobs=args.jobs)
+        bench.build_only(bench_stack.build_specs(fmt, args.arch, ms, dtypes), jobs=args.jobs)
         return 0
     if not torch.cuda.is_available():
         print("mxgemm bench: error: needs a CUDA GPU (--build-only builds its kernels here)", file=sys.stderr)
         return 2
-    bench_stack.run(fmt, ms, out_dir=args.out)
+    bench_stack.run(fmt, ms, dtypes, out_dir=args.out)
     return 0
 
 
@@ -409,7 +411,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument(
         "--formats", help="comma list of formats (default mxfp4,mxfp6_e2m3,mxfp8_e4m3,mxint8,bfp8)"
     )
-    b.add_argument("--a-dtype", default="float16", choices=A_DTYPE_NAMES)
+    b.add_argument(
+        "--a-dtype", choices=A_DTYPE_NAMES, help="activation dtype (default float16; --stack: both)"
+    )
     b.add_argument("--out", default="benchmarks/results", help="results root (a folder per GPU below it)")
     b.add_argument("--no-emulated", action="store_true", help="skip the dequantize + F.linear baseline")
     b.add_argument(

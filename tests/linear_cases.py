@@ -59,7 +59,7 @@ def rule_kernel(rule: str, fmt: str, dtype: str, bias: bool, m: int, arch: str) 
     ``mma-xs``: its ring holding the activations too, at 64 rows 2 tiles, 2 × 4 warps, 4 steps, two
     stages; at 128 one tile, 8 warps, 4 steps, three stages; ``mma-fold``: the folded block scales, up
     to 16 rows with ``mma-shared``'s hints but 2 warps splitting K, else with ``mma-xs``'s; ``mma-mw``:
-    warps splitting M, at 64 rows 2 tiles, 2 × 2 × 2 warps (K, N, M), 4 steps, two stages; at 128 the
+    warps splitting M, at 32 and 64 rows 2 tiles, 2 × 2 × 2 warps (K, N, M), 4 steps, two stages; at 128 the
     same with 4 warps in N and one in K, the scales folded; at 256 2 tiles, 2 × 4 warps (N, M), the
     scales folded)."""
     from mxgemm import rules
@@ -79,6 +79,7 @@ def rule_kernel(rule: str, fmt: str, dtype: str, bias: bool, m: int, arch: str) 
         "mma-xs": mma.Hints(2, 2, 4, 2, kn=4, xs=1) if bucket == 64 else mma.Hints(1, 1, 4, 3, kn=8, xs=1),
     }
     pinned["mma-mw"] = {
+        32: mma.Hints(2, 2, 4, 2, kn=2, xs=1, mw=2),
         64: mma.Hints(2, 2, 4, 2, kn=2, xs=1, mw=2),
         128: mma.Hints(2, 1, 4, 2, kn=4, xs=1, fold=1, mw=2),
         256: mma.Hints(2, 1, 4, 2, kn=2, xs=1, fold=1, mw=4),
