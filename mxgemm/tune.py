@@ -483,7 +483,8 @@ def measure(kernel_dir: str | Path, seconds: float | None = None, progress=None)
 
 def merge(kernel_dir: str | Path, log_path: str | Path, replace: bool = False) -> list[tunelog.Record]:
     """The fastest measured candidate per task, merged into the log at ``log_path`` (``replace``: in
-    place of the log's records of those tasks, :func:`mxgemm.tunelog.merge`); returns them."""
+    place of the log's records of those tasks, :func:`mxgemm.tunelog.merge`) where it beats the kernel
+    its bucket borrows (:func:`_beats_the_lent_kernel`); returns the merged ones."""
     measured = tunelog.read(Path(kernel_dir) / MEASUREMENTS)
     if not measured:
         raise TuneError(
@@ -493,12 +494,37 @@ def merge(kernel_dir: str | Path, log_path: str | Path, replace: bool = False) -
     for r in measured:
         if r.key() not in best or r.us < best[r.key()].us:
             best[r.key()] = r
-    winners = list(best.values())
+    winners = [r for r in best.values() if _beats_the_lent_kernel(r, Path(log_path))]
+    if not winners:
+        return []
     stale = [r for r in winners if r.versions != tunelog.rule_versions(r.rule, _build_versions(r.arch))]
     if stale:  # measured kernels of other sources: keep the log's current records over them
         log.warning("%d measured records are from other sources than this checkout's", len(stale))
     tunelog.merge(log_path, winners, _build_versions(winners[0].arch), replace)
     return winners
+
+
+def _beats_the_lent_kernel(r: tunelog.Record, log_path: Path) -> bool:
+    """Whether ``r``, the fastest candidate measured for its task, beats what its bucket runs without a
+    record of its own: a bucket of :data:`mxgemm.ops.BORROWS` runs the kernel of the bucket it borrows,
+    whose record (in ``log_path`` or the shipped log, timed on the same GPU) holds its µs at that
+    bucket's own, larger M, an upper bound of its cost at ``r``'s. The tuner's candidates for the
+    bucket do not include that kernel, so a winner slower than it would make the route slower; such a
+    winner is left out (logged), and the bucket keeps borrowing."""
+    lent = ops.BORROWS.get(r.m_bucket)
+    if lent is None or not r.arch.startswith("sm_"):
+        return True
+    key = replace(r, m_bucket=lent).key()
+    paths = list(dict.fromkeys([tunelog.shipped_log(r.arch), log_path]))
+    rec = tunelog.lookup(key, _build_versions(r.arch), paths)
+    if rec is None or rec.gpu != r.gpu or r.us < rec.us:
+        return True
+    log.warning(
+        "%s %d,%d %s, bucket %d: the best candidate (%.1f us) is slower than the %d-row bucket's record "
+        "(%.1f us) it runs on now; not merged",
+        r.fmt, r.n, r.k, r.a_dtype, r.m_bucket, r.us, lent, rec.us,
+    )  # fmt: skip
+    return False
 
 
 def _build_versions(arch: str) -> dict[str, str | None]:

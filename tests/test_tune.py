@@ -2,6 +2,7 @@
 build → measure → merge flow end to end on this CPU (LLVM kernels, measured here), split and one-box."""
 
 import dataclasses
+import functools
 import json
 
 import pytest
@@ -315,3 +316,27 @@ def test_gpu_decode_candidate_is_checked_and_timed():
     candidate = tune.DecodeThenGemm(task, kernel.path)
     assert tune.check(candidate, task, torch.device("cuda")) is None
     assert 0 < tune._time(candidate, task) < 1e4
+
+
+def test_merge_keeps_a_borrowing_bucket_on_the_lent_kernel_where_that_is_faster(tmp_path):
+    """A 32-row task's best candidate goes into the log only where it beats the 64-row bucket's record
+    that 17-32 rows run on without one (same GPU); the other buckets merge as measured."""
+    versions = tunelog.rule_versions("mma", tune._build_versions("sm_90"))
+    task = dict(fmt="mxint8", n=320, k=640, a_dtype="float16", arch="sm_90", block_size=32, rule="mma")
+    rec = functools.partial(tunelog.Record, **task, config={"nt": 1}, gpu="H100", versions=versions)
+    log = tmp_path / "log.json"
+    tunelog.merge(log, [rec(m_bucket=64, us=10.0)])
+    key32 = tunelog.Key("mxint8", 320, 640, 32, "float16", "sm_90", block_size=32).key()
+    for us, gpu, merged in ((12.0, "H100", False), (12.0, "H200", True), (8.0, "H100", True)):
+        kdir = tmp_path / f"{us}-{gpu}"
+        kdir.mkdir()
+        tune.write_measurements(kdir, [rec(m_bucket=32, us=t, gpu=gpu) for t in (us + 1, us)])
+        assert [r.us for r in tune.merge(kdir, log)] == ([us] if merged else [])
+        found = tunelog.lookup(key32, tune._build_versions("sm_90"), [log])
+        assert (found is not None and found.us == us) is merged, (us, gpu)
+        log.write_text("")
+        tunelog.merge(log, [rec(m_bucket=64, us=10.0)])
+    kdir = tmp_path / "m64"
+    kdir.mkdir()
+    tune.write_measurements(kdir, [rec(m_bucket=64, us=30.0)])  # not a borrowing bucket: merged as is
+    assert [r.us for r in tune.merge(kdir, log, replace=True)] == [30.0]
