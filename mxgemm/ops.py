@@ -352,7 +352,8 @@ def _forward(
 def _launcher(key: tuple):
     """The function ``(x2, planes, scales, bias) -> out`` that runs a call of signature ``key`` (as
     :data:`_routes`'s) on its route: for one fused CUDA kernel, an output allocated and the kernel
-    launched, nothing else on the way (an eager call's host time: ``benchmarks/README.md``), else
+    launched, nothing else on the way (an eager call's host time: ``benchmarks/README.md``; the
+    device switch of :func:`mxgemm.codegen.build.launch`, with the index read once here), else
     :func:`_run_route`."""
     route = _routes[key] if key in _routes else _routes.setdefault(key, _route(*key))
     m, dev, dtype, fmt, n, k, _, block_size, _ = key

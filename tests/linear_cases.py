@@ -79,8 +79,7 @@ def rule_kernel(rule: str, fmt: str, dtype: str, bias: bool, m: int, arch: str) 
         "mma-xs": mma.Hints(2, 2, 4, 2, kn=4, xs=1) if bucket == 64 else mma.Hints(1, 1, 4, 3, kn=8, xs=1),
     }
     pinned["mma-mw"] = {
-        32: mma.Hints(2, 2, 4, 2, kn=2, xs=1, mw=2),
-        64: mma.Hints(2, 2, 4, 2, kn=2, xs=1, mw=2),
+        **dict.fromkeys((32, 64), mma.Hints(2, 2, 4, 2, kn=2, xs=1, mw=2)),
         128: mma.Hints(2, 1, 4, 2, kn=4, xs=1, fold=1, mw=2),
         256: mma.Hints(2, 1, 4, 2, kn=2, xs=1, fold=1, mw=4),
     }.get(bucket)
