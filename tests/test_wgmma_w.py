@@ -63,6 +63,12 @@ def test_applies_names_the_problem():
     two = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, sk=2)  # 165 KB a block: one an SM
     assert "two blocks of 168960 bytes" in wgmma_w.applies(fp4, 256, 512, "float16", two)
     assert wgmma_w.applies(fp4, 256, 512, "float16", wgmma_w.Hints(1, 4, 1, mt=64, ring=1, sk=2)) is None
+    with pytest.raises(ValueError, match=r"cluster 0\|1 \(1 with splits > 1\)"):  # a cluster adds splits
+        wgmma_w.Hints(cluster=1)
+    # the parts of a cluster's splits go to the ring's slots: 256 rows × (128 + 4) fp32 in 3 × 74 KB
+    big = wgmma_w.Hints(2, 3, 1, mt=256, splits=2, ring=1, tma=2, prod=2, cluster=1)
+    assert big.partial_bytes() == 256 * 132 * 4 <= 3 * big.slot_bytes(4)[2]
+    assert wgmma_w.applies(fp4, 256, 1024, "float16", big) is None
 
 
 def test_split_k_runs_only_where_the_grid_is_short():
@@ -76,6 +82,7 @@ def test_split_k_runs_only_where_the_grid_is_short():
 
     short = spec(4096, 4096, 64)
     assert {h.splits for h in rule.candidates(short)} == {1, 2, 4, 8}
+    assert {h.splits for h in rule.candidates(short) if h.cluster} == {2, 4, 8}  # a cluster: split only
     assert min((h for h in rule.candidates(short) if not h.sk), key=lambda h: rule.cost(short, h)).splits > 1
     assert rule.default_hints(short).sk  # stream-K fills the SMs without splitting every tile
     assert {h.splits for h in rule.candidates(spec(28672, 8192, 64)) if h.wg == 1} == {1}
@@ -112,6 +119,12 @@ def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
         wgmma_w.Hints(1, 4, 1, mt=128, ring=1, tma=1, sk=1),
     )
     assert rule.default_hints(spec).tma == 2  # what the H100 measured fastest with two warpgroups
+    # a split record's twins add its parts in a cluster's shared memory, with its splits and twice them
+    # (4096² at 128 rows: 32 blocks of 128 weight rows, short of the 132 SMs)
+    short = builder.KernelSpec("mxfp4", 4096, 4096, 128, "float16", "float16", False, 32, sm90)
+    split = wgmma_w.Hints(2, 4, 1, mt=64, splits=2, ring=1, tma=2, lean=2)
+    clusters = [dataclasses.replace(split, cluster=1, splits=s) for s in (2, 4)]
+    assert rule.twins(short, split)[:2] == clusters  # first: what a re-tune with a cut budget is for
     assert rule.default_hints(spec).lean == 1
 
 
@@ -161,12 +174,15 @@ def test_stream_k_costs_the_work_where_waves_quantize():
         ("mxfp4", "bfloat16", wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, sk=1, prod=1, lean=1)),
         ("mxfp4", "float16", wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=2, lean=2)),
         ("mxint8", "float16", wgmma_w.Hints(1, 3, 0, mt=256, ring=1, tma=2, sk=1)),
+        ("mxfp4", "float16", wgmma_w.Hints(2, 4, 1, mt=128, splits=2, ring=1, tma=2, prod=2, lean=2, cluster=1)),
+        ("mxfp8_e4m3", "bfloat16", wgmma_w.Hints(1, 4, 0, mt=16, splits=4, cluster=1)),
     ],
 )
 def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
     """Also: a split K is two kernels, the second adding the splits' partial sums in split order (and
-    stream-K, the second adding the shared tiles' parts); the mbarrier ring waits on barriers instead
-    of a block barrier an iteration."""
+    stream-K, the second adding the shared tiles' parts), or with ``cluster`` one, whose blocks add
+    them from each other's shared memory; the mbarrier ring waits on barriers instead of a block
+    barrier an iteration."""
     import tvm
 
     from mxgemm.codegen.wgmma import TARGET
@@ -179,7 +195,9 @@ def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
 
     src = source(bias=True)
     assert f"wgmma.mma_async.sync.aligned.m64n{hints.mt}k16.f32.{ab}.{ab}" in src
-    assert src.count("__global__") == (4 if hints.splits > 1 or hints.sk else 2)  # declared and defined
+    second = (hints.splits > 1 and not hints.cluster) or hints.sk
+    assert src.count("__global__") == (4 if second else 2)  # declared and defined
+    assert ("ld.shared::cluster.v4.f32" in src) == ("barrier.cluster.arrive" in src) == bool(hints.cluster)
     assert ("blockIdx.z" in src) == (hints.splits > 1)
     main = re.search(r"main_kernel\([^;{]*\{(.*?)(extern \"C\"|$)", src, re.S).group(1)  # its definition
     assert ("blockIdx.y" in main) == (not hints.sk)  # stream-K: one grid dimension (the SMs)
@@ -264,6 +282,16 @@ SMALL_SPLIT = wgmma_w.Hints(1, 5, 1, mt=16, splits=2, lean=2)
 SMALL_SK = wgmma_w.Hints(2, 6, 1, mt=32, ring=1, tma=2, sk=1, prod=1, lean=2)
 SMALL_SK2 = wgmma_w.Hints(2, 4, 1, mt=16, ring=1, tma=2, sk=2, prod=1, lean=2)
 GPU_TILES += [(SMALL, 37), (SMALL_SPLIT, 20), (SMALL_SK, 77), (SMALL_SK2, 16)]
+# a split K's parts added in a cluster's shared memory: 150 rows on 128-row tiles with a producer; 37
+# rows on 16-row tiles in 4 splits (4 rows a block to add, every thread copying); 300 rows on 256-row
+# tiles, warp 0 refilling
+CLUSTER = wgmma_w.Hints(2, 4, 1, mt=128, splits=2, ring=1, tma=2, prod=2, lean=2, cluster=1)
+CLUSTER_SMALL = wgmma_w.Hints(1, 4, 0, mt=16, splits=4, lean=1, cluster=1)
+CLUSTER_BIG = wgmma_w.Hints(2, 3, 1, mt=256, splits=2, ring=1, tma=2, prod=1, lean=1, cluster=1)
+GPU_TILES += [(CLUSTER, 150), (CLUSTER_SMALL, 37), (CLUSTER_BIG, 300)]
+# test_gpu_cluster_gives_the_second_kernels_bits's: (hints, rows, K); 8 splits of 256 K
+CLUSTER_CASES = [(CLUSTER, 150, 512), (CLUSTER_SMALL, 37, 512), (CLUSTER_BIG, 300, 512)]
+CLUSTER_CASES += [(wgmma_w.Hints(2, 4, 0, mt=64, splits=8, ring=1, tma=2, prod=2, lean=2, cluster=1), 100, 2048)]
 # test_gpu_lean_2_gives_lean_1s_bits's: lean 2 against its lean-1 twin (mxfp4, no bias)
 LEAN2_CASES = [(LEAN2, 300), (LEAN2_SK, 150), (LEAN2_SPLIT, 77)]
 # the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu
@@ -272,6 +300,14 @@ PREBUILD = [
     for f, dt in GPU_FORMATS
     for h, _ in GPU_TILES
     if wgmma_w.applies(formats.get(f), 256, 512, dt, h) is None
+]
+PREBUILD += [
+    (f, 256, k, dt, True, h)
+    for f in ("mxfp4", "mxfp8_e4m3")
+    for dt in ("float16", "bfloat16")
+    for cluster, _, k in CLUSTER_CASES
+    for h in (dataclasses.replace(cluster, cluster=0), cluster)
+    if wgmma_w.applies(formats.get(f), 256, k, dt, h) is None
 ]
 PREBUILD += [
     ("mxfp4", 256, 512, dt, False, h)
@@ -344,6 +380,7 @@ def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m, unfolded):
         *(GPU_TILES[1][0], SPLIT, RING, TMA1, TMA2_SPLIT, BIG, SK1, SK2),
         *(PROD, PROD_SK, PRODUCER, PRODUCER_SPLIT, PRODUCER_SK, LEAN, LEAN_SK, LEAN_SPLIT, SK_BIG, SK_BIG_1),
         *(LEAN2, LEAN2_SK, LEAN2_SPLIT, SMALL, SMALL_SPLIT, SMALL_SK, SMALL_SK2),
+        *(CLUSTER, CLUSTER_SMALL, CLUSTER_BIG),
     ],
 )
 def test_gpu_one_hot_rows_are_bit_exact(fmt, dtype, hints):
@@ -381,6 +418,27 @@ def test_gpu_lean_2_gives_lean_1s_bits(dtype, lean2, m):
     y1 = _run("mxfp4", x, q, dtype, dataclasses.replace(lean2, lean=1))
     y2 = _run("mxfp4", x, q, dtype, lean2)
     assert torch.equal(y1.view(torch.int16), y2.view(torch.int16))
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8_e4m3"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize(("cluster", "m", "k"), CLUSTER_CASES)
+def test_gpu_cluster_gives_the_second_kernels_bits(fmt, dtype, cluster, m, k):
+    """The splits' parts added in the cluster's shared memory give the bits of the second kernel that
+    adds them from a workspace (the same split order, then the bias), folded rows and an unfolded one."""
+    torch.manual_seed(4)
+    n = 256
+    w = torch.randn(n, k, device="cuda") * 0.05
+    w[5] *= torch.exp2(torch.linspace(-28, 4, k // 32, device="cuda")).repeat_interleave(32)
+    q = reference.quantize(w, fmt)
+    dt = getattr(torch, dtype)
+    x = torch.randn(m, k, device="cuda").to(dt)
+    bias = torch.randn(n, device="cuda").to(dt)
+    split = _run(fmt, x, q, dtype, dataclasses.replace(cluster, cluster=0), bias)
+    y = _run(fmt, x, q, dtype, cluster, bias)
+    assert torch.equal(y.view(torch.int16), split.view(torch.int16))
 
 
 # ---- the rule (mxgemm.rules.wgmma_w): routed only where a tune record names it -----------------------

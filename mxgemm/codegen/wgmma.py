@@ -110,6 +110,61 @@ def fma_to(T, out, a, s) -> None:  # noqa: N803
     T.evaluate(T.cuda.func_call("mxgemm_fma_to", tirx.address_of(out), a, s, source_code=FMA_TO))
 
 
+# a named barrier of ``n`` threads (a multiple of 32), id ``i`` (0 is ``__syncthreads``'s)
+BAR_SYNC = (
+    "__device__ __forceinline__ void mxgemm_bar_sync(unsigned i, unsigned n) {\n"
+    '  asm volatile("bar.sync %0, %1;" :: "r"(i), "r"(n) : "memory");\n'
+    "}\n"
+)
+
+# every thread of the cluster arrives, then waits for all: shared-memory writes before it are seen by
+# the cluster's reads after it (release / acquire)
+CLUSTER_SYNC = (
+    "__device__ __forceinline__ void mxgemm_cluster_sync() {\n"
+    '  asm volatile("barrier.cluster.arrive.release;\\n\\tbarrier.cluster.wait.acquire;" ::: "memory");\n'
+    "}\n"
+)
+
+# 4 floats at shared-state address ``addr`` of the cluster's block ``rank`` (``mapa``, then one
+# ``ld.shared::cluster.v4``)
+DSMEM_LD4 = (
+    "__device__ __forceinline__ void mxgemm_dsmem_ld4(float& a, float& b, float& c, float& d, "
+    "unsigned addr, unsigned rank) {\n"
+    "  unsigned at;\n"
+    '  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(at) : "r"(addr), "r"(rank));\n'
+    '  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(a), "=f"(b), "=f"(c), '
+    '"=f"(d) : "r"(at) : "memory");\n'
+    "}\n"
+)
+
+ST_SHARED = (
+    "__device__ __forceinline__ void mxgemm_st_shared_f32(unsigned addr, float v) {\n"
+    '  asm volatile("st.shared.f32 [%0], %1;" :: "r"(addr), "f"(v) : "memory");\n'
+    "}\n"
+)
+
+
+def bar_sync(T, i: int, n: int) -> None:  # noqa: N803
+    """Named barrier ``i`` of ``n`` threads."""
+    T.evaluate(T.cuda.func_call("mxgemm_bar_sync", u32(i), u32(n), source_code=BAR_SYNC))
+
+
+def cluster_sync(T) -> None:  # noqa: N803
+    """A barrier of the whole cluster, ordering shared-memory writes before it and reads after it."""
+    T.evaluate(T.cuda.func_call("mxgemm_cluster_sync", source_code=CLUSTER_SYNC))
+
+
+def dsmem_ld4(T, regs, addr, rank) -> None:  # noqa: N803
+    """``regs`` (4 loads of a local float32 buffer) = the 4 floats at shared-state address ``addr``
+    (uint32) of the cluster's block ``rank``."""
+    T.evaluate(T.cuda.func_call("mxgemm_dsmem_ld4", *regs, addr, rank, source_code=DSMEM_LD4))
+
+
+def st_shared(T, addr, val) -> None:  # noqa: N803
+    """The float32 ``val`` to shared-state address ``addr`` (uint32)."""
+    T.evaluate(T.cuda.func_call("mxgemm_st_shared_f32", addr, val, source_code=ST_SHARED))
+
+
 def when(T, conds, stmt) -> None:  # noqa: N803
     """``stmt`` under the conjunction of ``conds`` (none: unconditionally)."""
     if not conds:

@@ -44,7 +44,13 @@ shape and M measured on an H100.)
 Split K (``Hints.splits`` > 1, for grids short of the SMs): grid z takes a K range each and writes its
 fp32 partial sums, already brought to scale, into a workspace ``[splits, m, n]``; a second kernel
 adds them in split order (deterministic) with the bias and writes Y. Every split scans its rows'
-whole scale codes, so all agree on the fold.
+whole scale codes, so all agree on the fold. With ``Hints.cluster`` a tile's splits run as one
+cluster of blocks (grid z, up to 8) and add up in distributed shared memory instead: each block, its
+wgmmas done, writes its sums brought to scale into its own ring (``[mt, 64 wg + 4]`` fp32, the
+padding makes the stores conflict-free), a cluster barrier, then each block adds a ``1/splits`` share
+of the tile's rows from every block's shared memory in split order (``mapa`` +
+``ld.shared::cluster``; the second kernel's bits), adds the bias and writes Y, and a second cluster
+barrier keeps every block's shared memory until all have read it. No workspace, no second kernel.
 
 Stream-K (``Hints.sk`` 1 or 2, on the mbarrier ring): a persistent grid of ``sk`` blocks an SM (no
 more than there is work) instead of a block a tile, so the last wave does not idle SMs. The tiles'
@@ -76,13 +82,17 @@ from mxgemm.codegen.wgmma import (
     DESC,
     ROW,
     SMEM_MAX,
+    bar_sync,
     cached,
+    cluster_sync,
     descriptor,
+    dsmem_ld4,
     fence_regs,
     fma_to,
     main_args,
     ring_turn,
     smem_addr,
+    st_shared,
     swizzled,
     when,
 )
@@ -96,6 +106,7 @@ M_TILES = (16, 32, 64, 128, 256)  # activation rows a block
 # parts of the tile (a 32-register fragment beside the accumulator): no spills
 BIG = 128
 SPLITS = (1, 2, 4, 8)  # K ranges (grid z)
+PAD = 4  # floats after each row of a cluster's partial tile in shared memory (conflict-free stores)
 TMA = (0, 1, 2)  # loads by TMA: none, the activations, the activations and the codes
 SK = (0, 1, 2)  # stream-K: off, or a persistent grid of 1 or 2 blocks an SM
 PROD = (0, 1, 2)  # who refills the ring (tma 2): every thread, warp 0, or a warpgroup of its own
@@ -123,7 +134,9 @@ class Hints:
     slot's, each fold multiplier by a byte permute and a multiply-add, and (fp4 into fp16) a lane's
     4 pairs of a step at once (:func:`~mxgemm.codegen.pairs.decode_quad`): the same bits in fewer
     instructions a K iteration; 2, that and the outputs brought to scale by one multiply a row's
-    output instead of ``ldexpf`` where the exponents allow (:meth:`_Kernel._store`)."""
+    output instead of ``ldexpf`` where the exponents allow (:meth:`_Kernel._store`); cluster: 1 to
+    add a split K's partial sums in distributed shared memory across a cluster of the splits' blocks
+    instead of a workspace and a second kernel (``splits`` > 1)."""
 
     wg: int = 2
     stages: int = 4
@@ -135,6 +148,7 @@ class Hints:
     sk: int = 0
     prod: int = 0
     lean: int = 0
+    cluster: int = 0
 
     def __post_init__(self) -> None:
         ok = self.wg in (1, 2, 3, 4) and 3 <= self.stages <= 6 and self.double in (0, 1)
@@ -142,11 +156,12 @@ class Hints:
         ok = ok and self.sk in SK and (not self.sk or (self.ring and self.splits == 1))
         ok = ok and self.prod in PROD and (not self.prod or self.tma == 2)
         ok = ok and (self.prod < 2 or self.wg <= 2) and self.lean in (0, 1, 2)
+        ok = ok and self.cluster in (0, 1) and (not self.cluster or self.splits > 1)
         if not ok or self.tma not in TMA or (self.tma and not self.ring):
             raise ValueError(
                 f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 16|32|64|128|256, "
                 "splits 1|2|4|8, ring 0|1, tma 0|1|2 (with ring 1), sk 0|1|2 (with ring 1 and splits 1), "
-                "prod 0|1|2 (with tma 2; 2 with wg 1|2), lean 0|1|2"
+                "prod 0|1|2 (with tma 2; 2 with wg 1|2), lean 0|1|2, cluster 0|1 (1 with splits > 1)"
             )
 
     def to_dict(self) -> dict[str, int]:
@@ -155,6 +170,11 @@ class Hints:
     def smem_bytes(self, bits: int) -> int:
         """Dynamic shared memory of a block: the slots, and (``ring``) 1 KB for the mbarriers."""
         return self.stages * self.slot_bytes(bits)[2] + 1024 * self.ring
+
+    def partial_bytes(self) -> int:
+        """Shared memory of a block's partial tile (``cluster``): ``mt`` rows of ``64 wg`` fp32 sums
+        and :data:`PAD` more."""
+        return self.mt * (64 * self.wg + PAD) * 4
 
     def slot_bytes(self, bits: int) -> tuple[int, int, int]:
         """Byte offsets in a slot of the codes and the scale codes, and the slot's size."""
@@ -179,6 +199,8 @@ def applies(fmt: formats.Format, n: int, k: int, a_dtype: str, h: Hints = Hints(
     if h.smem_bytes(fmt.bits) > SMEM_MAX:
         bars = " and the barriers" if h.ring else ""
         return f"{h.stages} slots of {h.slot_bytes(fmt.bits)[2]} bytes{bars} exceed {SMEM_MAX}"
+    if h.cluster and h.partial_bytes() > h.stages * h.slot_bytes(fmt.bits)[2]:
+        return f"a partial tile of {h.partial_bytes()} bytes exceeds the {h.stages} slots it reuses (cluster)"
     if h.sk and h.mt * 64 * h.wg % (256 * FIX):
         return f"stream-K's fixup takes tiles of {256 * FIX} outputs at least, not {h.mt} × {64 * h.wg}"
     if h.sk == 2 and h.prod == 2:
@@ -254,7 +276,8 @@ class _Kernel:
 
         # split K: the partial sums of split z, brought to scale (fp32 [splits, m, n]); stream-K: a
         # block's parts of its first and last tile (fp32 [blocks, 2, mt, 64 wg])
-        self.ws = T.alloc_buffer((h.splits, m, n), "float32", scope="global") if h.splits > 1 else None
+        split_ws = h.splits > 1 and not h.cluster
+        self.ws = T.alloc_buffer((h.splits, m, n), "float32", scope="global") if split_ws else None
         if h.sk:
             self.ws = T.alloc_buffer((self.ctas, 2, h.mt, 64 * h.wg), "float32", scope="global")
         self.tmaps = self.tensor_maps() if h.tma else None
@@ -271,6 +294,8 @@ class _Kernel:
             if h.splits > 1:
                 self.z = T.env_thread("blockIdx.z")
                 launch.enter_context(T.launch_thread(self.z, h.splits))
+            if h.cluster:  # the splits of a tile: one cluster (its block rank is z)
+                launch.enter_context(T.launch_thread(T.env_thread("clusterCtaIdx.z"), h.splits))
             launch.enter_context(T.launch_thread(tx, 128 * (h.wg + (h.prod == 2))))
             self.m0, self.n0 = tirx.Cast("int64", bx) * self.m_tile, by * (64 * h.wg)
             self.block_buffers(tx)
@@ -281,7 +306,9 @@ class _Kernel:
                 self.specialized(self.loop_and_epilogue)
             else:
                 self.loop_and_epilogue()
-        if h.splits > 1:
+            if h.cluster:
+                self.cluster_reduce()
+        if self.ws is not None:
             self.add_splits()
 
     def block_buffers(self, tx) -> None:
@@ -879,7 +906,16 @@ class _Kernel:
                     )
                     self._store(ws)
             return
-        if self.ws is None:
+        if self.h.cluster:  # into this block's ring, once every warpgroup's wgmmas are done with it
+            bar_sync(self.T, 2, 128 * self.h.wg)
+            base, stride = smem_addr(self.T, self.ring, 0), 64 * self.h.wg + PAD
+
+            def put(row, col, val):
+                at = (tirx.Cast("int32", row - self.m0) * stride + (col - self.n0)) * 4
+                st_shared(self.T, base + tirx.Cast("uint32", at), val)
+
+            self._store(put)
+        elif self.ws is None:
             self._store(self._to_y)
         else:
             self._store(lambda row, col, val: self.T.buffer_store(self.ws, val, [self.z, row, col]))
@@ -921,6 +957,33 @@ class _Kernel:
             with T.If(row < self.m):
                 with T.Then():
                     put(row, col, scaled(val, i))
+
+    def cluster_reduce(self) -> None:
+        """``cluster``: this block's share of the tile's rows (``mt / splits`` from ``z mt / splits``), 4
+        outputs a thread at a time: the splits' sums read from their blocks' shared memory and added
+        in split order, the bias added, Y written; between two cluster barriers (every block's sums
+        written before, every block's reads done after)."""
+        T, h = self.T, self.h
+        cols, rows, threads = 64 * h.wg, h.mt // h.splits, 128 * h.wg
+        units = rows * cols // 4
+        base = smem_addr(T, self.ring, 0)
+        acc = T.alloc_buffer((4,), "float32", scope="local")
+        part = T.alloc_buffer((4,), "float32", scope="local")
+        cluster_sync(T)
+        with T.If(self.tx < threads), T.Then():  # (not the producer: its registers went to the others)
+            with T.serial(0, -(-units // threads)) as r:
+                u = self.tx + threads * r
+                row, c4 = self.z * rows + u // (cols // 4), u % (cols // 4)
+                conds = [self.m0 + tirx.Cast("int64", row) < self.m]
+                with T.If(tirx.And(u < units, conds[0]) if units % threads else conds[0]), T.Then():
+                    addr = base + tirx.Cast("uint32", (row * (cols + PAD) + 4 * c4) * 4)
+                    for s in range(h.splits):
+                        dsmem_ld4(T, [(acc if s == 0 else part)[e] for e in range(4)], addr, u32(s))
+                        for e in range(4 if s else 0):
+                            T.buffer_store(acc, acc[e] + part[e], [e])
+                    for e in range(4):
+                        self._to_y(self.m0 + tirx.Cast("int64", row), self.n0 + 4 * c4 + e, acc[e])
+        cluster_sync(T)
 
     def add_splits(self) -> None:
         """The second kernel of a split K: Y = the splits' partial sums added in split order, plus the
