@@ -174,7 +174,7 @@ def test_stream_k_costs_the_work_where_waves_quantize():
         ("mxfp4", "bfloat16", wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, sk=1, prod=1, lean=1)),
         ("mxfp4", "float16", wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=2, lean=2)),
         ("mxint8", "float16", wgmma_w.Hints(1, 3, 0, mt=256, ring=1, tma=2, sk=1)),
-        ("mxfp4", "float16", wgmma_w.Hints(2, 4, 1, mt=128, splits=2, ring=1, tma=2, prod=2, lean=2, cluster=1)),
+        ("mxfp4", "float16", wgmma_w.Hints(2, 4, 1, 128, 2, ring=1, tma=2, prod=2, lean=2, cluster=1)),
         ("mxfp8_e4m3", "bfloat16", wgmma_w.Hints(1, 4, 0, mt=16, splits=4, cluster=1)),
     ],
 )
@@ -291,7 +291,8 @@ CLUSTER_BIG = wgmma_w.Hints(2, 3, 1, mt=256, splits=2, ring=1, tma=2, prod=1, le
 GPU_TILES += [(CLUSTER, 150), (CLUSTER_SMALL, 37), (CLUSTER_BIG, 300)]
 # test_gpu_cluster_gives_the_second_kernels_bits's: (hints, rows, K); 8 splits of 256 K
 CLUSTER_CASES = [(CLUSTER, 150, 512), (CLUSTER_SMALL, 37, 512), (CLUSTER_BIG, 300, 512)]
-CLUSTER_CASES += [(wgmma_w.Hints(2, 4, 0, mt=64, splits=8, ring=1, tma=2, prod=2, lean=2, cluster=1), 100, 2048)]
+CLUSTER_8 = wgmma_w.Hints(2, 4, 0, mt=64, splits=8, ring=1, tma=2, prod=2, lean=2, cluster=1)
+CLUSTER_CASES += [(CLUSTER_8, 100, 2048)]
 # test_gpu_lean_2_gives_lean_1s_bits's: lean 2 against its lean-1 twin (mxfp4, no bias)
 LEAN2_CASES = [(LEAN2, 300), (LEAN2_SK, 150), (LEAN2_SPLIT, 77)]
 # the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu

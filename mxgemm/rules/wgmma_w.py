@@ -122,15 +122,18 @@ class WgmmaW(Rule):
         """``hints`` split with its parts added in a cluster's shared memory, with its splits and twice
         as many (the newest option, first: a cut budget keeps them); ``hints`` leaner (``lean`` 1; the
         twins below lean too) and with its outputs scaled by a multiply (``lean`` 2), with its loads by
-        TMA (the ring
-        on, ``tma`` 2), refilled by every thread, warp 0 and a producer warpgroup (``prod``), and
-        that unsplit on a stream-K grid of 1 and 2 blocks an SM, with its M tile and twice it
+        TMA (the ring on, ``tma`` 2), refilled by every thread, warp 0 and a producer warpgroup
+        (``prod``), and that unsplit on a stream-K grid of 1 and 2 blocks an SM, with its M tile and twice it
         (stream-K pays per tile a block runs: on 8192² at 128 rows two warpgroups × 128 rows took
         0.77x the time of × 64), where those are candidates."""
         leaner = hints if hints.lean else _replaced(hints, lean=1) or hints  # (the twins below lean too)
         split = (hints.splits, 2 * hints.splits) if hints.splits > 1 else ()
         twins = [_replaced(leaner, cluster=1, splits=s) for s in split]
-        twins += [leaner, _replaced(leaner, lean=2), *(_replaced(leaner, ring=1, tma=2, prod=p) for p in PROD)]
+        twins += [
+            leaner,
+            _replaced(leaner, lean=2),
+            *(_replaced(leaner, ring=1, tma=2, prod=p) for p in PROD),
+        ]
         sk = dict(ring=1, tma=hints.tma or 2, splits=1)
         tiles = itertools.product((hints.mt, 2 * hints.mt), SK[1:])
         prod = lambda k: hints.prod if k == 1 else min(hints.prod, 1)  # noqa: E731  (a producer: sk 1)
