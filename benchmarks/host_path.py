@@ -1,14 +1,15 @@
 """The eager host path of `MxLinear` on a GPU, part by part (`host-probe-*.json`) and per layer of
 the stack (`layer-probe-*.jsonl`). Run where the kernels are cached (``mxgemm bench --stack
---build-only`` builds them): ``MXGEMM_CACHE_DIR=DIR python benchmarks/host_path.py OUT_DIR``.
+--build-only`` builds them): ``MXGEMM_CACHE_DIR=DIR python benchmarks/host_path.py OUT_DIR [--m 1,16]
+[--layers-only]``.
 
 Parts: best of 7 rounds of 300 back-to-back calls, wall µs a call, on an mxfp4 1024×4096 layer at
 one row (the GPU keeps up, so this is host time). Layers: best of 5 rounds of 200 calls with a sync
 at the end (wall), and one call captured in a CUDA graph and replayed (GPU)."""
 
+import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -82,12 +83,12 @@ def graph_us(fn, n: int = 50) -> float:
     return round(a.elapsed_time(b) * 1e3 / n, 1)
 
 
-def layers(dt: torch.dtype):
+def layers(dt: torch.dtype, ms=(1, 16)):
     dev = torch.device("cuda")
     for k, n in STACK:
         lin = torch.nn.Linear(k, n, bias=False, device=dev, dtype=dt)
         mx = mxgemm.MxLinear.from_linear(lin, "mxfp4", a_dtype=dt)
-        for m in (1, 16):
+        for m in ms:
             x = torch.randn(m, k, device=dev, dtype=dt)
             run_mx, run_lin = (lambda mx=mx, x=x: mx(x)), (lambda lin=lin, x=x: lin(x))
             run_mx()
@@ -99,6 +100,7 @@ def layers(dt: torch.dtype):
                 m=m,
                 rule=getattr(route, "rule", str(route)),
                 pdl=getattr(route, "info", {}).get("hints", {}).get("pdl"),
+                hints=getattr(route, "info", {}).get("hints"),
                 mx_wall=per_call(run_mx, 200, 5),
                 lin_wall=per_call(run_lin, 200, 5),
                 mx_gpu=graph_us(run_mx),
@@ -107,14 +109,20 @@ def layers(dt: torch.dtype):
 
 
 if __name__ == "__main__":
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", nargs="?", default=".")
+    ap.add_argument("--m", default="1,16", help="comma list of the layer probe's rows")
+    ap.add_argument("--layers-only", action="store_true", help="skip the host-path parts")
+    args = ap.parse_args()
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dts = (torch.float16, torch.bfloat16)
-    probe = {str(dt).removeprefix("torch."): parts(dt) for dt in dts}
-    (out / "host-probe.json").write_text(json.dumps(probe, indent=1))
-    print(json.dumps(probe, indent=1))
+    if not args.layers_only:
+        probe = {str(dt).removeprefix("torch."): parts(dt) for dt in dts}
+        (out / "host-probe.json").write_text(json.dumps(probe, indent=1))
+        print(json.dumps(probe, indent=1))
     with (out / "layer-probe.jsonl").open("w") as f:
         for dt in dts:
-            for row in layers(dt):
+            for row in layers(dt, [int(m) for m in args.m.split(",")]):
                 print(json.dumps(row), flush=True)
                 f.write(json.dumps(row) + "\n")
