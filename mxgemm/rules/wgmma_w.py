@@ -44,8 +44,7 @@ class WgmmaW(Rule):
     def candidates(self, spec: Any) -> list[Hints]:
         """Every hint set whose M tile is at most the bucket, that tiles the shape and fits the
         shared memory, split K only while the halved split's grid is short of :func:`_slots` (its
-        parts added by a second kernel, or in a cluster's shared memory: 2 splits, or more with one
-        warpgroup, whose blocks run 2 an SM), TMA and stream-K on the
+        parts added by a second kernel, or for 2 splits in a cluster's shared memory), TMA and stream-K on the
         mbarrier ring, stream-K unsplit (deterministic order), warp 0 or a producer warpgroup
         refilling the ring where TMA loads it (the producer: 1 or 2 others)."""
         if not self._serves(spec):
@@ -61,8 +60,7 @@ class WgmmaW(Rule):
             and (not p[8] or p[6] == 2)
             and (p[8] < 2 or p[0] <= 2)
         )
-        clusters = lambda p: (0, 1) if p[4] == 2 or (p[4] > 2 and p[0] == 1) else (0,)  # noqa: E731
-        hints = (Hints(*p, cluster=c) for p in space if ok(p) for c in clusters(p))
+        hints = (Hints(*p, cluster=c) for p in space if ok(p) for c in ((0, 1) if p[4] == 2 else (0,)))
         return [
             h
             for h in hints
@@ -106,7 +104,8 @@ class WgmmaW(Rule):
         instead of a second kernel took 0.91-0.96x the time on 4096², 4096×14336 and 8192² at 32-256
         rows (H100, mxfp4 fp16, ``tune-cluster-*.jsonl``): 0.94; clusters of 4 and 8 took 1.7-2x
         with two warpgroups (one block an SM: the GPCs hold fewer such clusters than the grid has),
-        so they are offered with one (2 blocks an SM) alone."""
+        and 1.1-2x the records' time with one (2 blocks an SM; ``tune-cluster-*-e8b08eb.jsonl``):
+        not offered."""
         waves = _blocks(spec, h) * h.splits / _slots(spec, h)
         short = math.ceil(waves) / waves if not h.sk else 1.03 * (1.0 if h.sk == _per_sm(h) else 1.05)
         short *= 1.5 if h.sk and h.mt == 256 else 1.0
@@ -124,8 +123,7 @@ class WgmmaW(Rule):
         return short * measured * ring * split
 
     def twins(self, spec: Any, hints: Hints) -> list[Hints]:
-        """``hints`` split in two with its parts added in a cluster's shared memory, and with one
-        warpgroup (2 blocks an SM) in a cluster of its splits and of twice them (the newest option,
+        """``hints`` split in two with its parts added in a cluster's shared memory (the newest option,
         first: a cut budget keeps it); ``hints`` leaner (``lean`` 1; the
         twins below lean too) and with its outputs scaled by a multiply (``lean`` 2), with its loads by
         TMA (the ring on, ``tma`` 2), refilled by every thread, warp 0 and a producer warpgroup
@@ -133,9 +131,7 @@ class WgmmaW(Rule):
         (stream-K pays per tile a block runs: on 8192² at 128 rows two warpgroups × 128 rows took
         0.77x the time of × 64), where those are candidates."""
         leaner = hints if hints.lean else _replaced(hints, lean=1) or hints  # (the twins below lean too)
-        splits = (hints.splits, 2 * hints.splits) if hints.splits > 1 else ()
         twins = [_replaced(leaner, cluster=1, splits=2)] if hints.splits > 1 else []
-        twins += [_replaced(leaner, wg=1, cluster=1, splits=s) for s in splits]
         twins += [
             leaner,
             _replaced(leaner, lean=2),
