@@ -320,7 +320,8 @@ PREBUILD += [
 LINEAR = ("mxfp4", 512, 1024, 128, wgmma_w.Hints(2, 4, 1, mt=64, splits=2, ring=1, tma=2))
 LINEAR_384 = ("mxfp4", 512, 1024, 384, wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=2, lean=1))
 LINEAR_32 = ("mxfp4", 512, 1024, 32, wgmma_w.Hints(2, 4, 1, mt=32, ring=1, tma=2, prod=2, lean=2))
-LINEARS = (LINEAR, LINEAR_384, LINEAR_32)
+LINEAR_CLUSTER = ("mxfp4", 512, 1024, 128, dataclasses.replace(LINEAR[4], lean=2, cluster=1))
+LINEARS = (LINEAR, LINEAR_384, LINEAR_32, LINEAR_CLUSTER)
 ROWS = {128: 100, 384: 300, 32: 20}  # the rows test_gpu_linear_runs_the_records_kernel calls each with
 hopper = pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
@@ -522,7 +523,8 @@ def test_a_records_kernel_is_built_for_sm_90a(tmp_path, monkeypatch):
 @pytest.mark.parametrize("record", LINEARS)
 def test_gpu_linear_runs_the_records_kernel(tmp_path, monkeypatch, dtype, record):
     """``mxgemm.linear`` with a ``wgmma_w`` record, at 100 rows (split K: its workspace comes from TVM's
-    pool), at 300 (bucket 384, 256-row tiles) and at 20 (bucket 32, a part-filled 32-row tile): the
+    pool; or its parts added across a cluster of 2 blocks, launched as one, in a CUDA graph too), at
+    300 (bucket 384, 256-row tiles) and at 20 (bucket 32, a part-filled 32-row tile): the
     record's kernel, against the oracle's float64 product, one-hot rows bit for bit, and a CUDA
     graph's replay equal to the eager call."""
     (fmt, n, k, bucket, hints), m = record, ROWS[record[3]]
