@@ -44,9 +44,9 @@ class WgmmaW(Rule):
     def candidates(self, spec: Any) -> list[Hints]:
         """Every hint set whose M tile is at most the bucket, that tiles the shape and fits the
         shared memory, split K only while the halved split's grid is short of :func:`_slots` (its
-        parts added by a second kernel, or for 2 splits in a cluster's shared memory), TMA and stream-K on the
-        mbarrier ring, stream-K unsplit (deterministic order), warp 0 or a producer warpgroup
-        refilling the ring where TMA loads it (the producer: 1 or 2 others)."""
+        parts added by a second kernel, or for 2 splits in a cluster's shared memory), TMA and
+        stream-K on the mbarrier ring, stream-K unsplit (deterministic order), warp 0 or a producer
+        warpgroup refilling the ring where TMA loads it (the producer: 1 or 2 others)."""
         if not self._serves(spec):
             return []
         f = formats.get(spec.fmt)
@@ -100,12 +100,12 @@ class WgmmaW(Rule):
         (1.25), warp 0 refilling the ring 1.1x a producer warpgroup's; a 32-row tile 0.88-0.95x a 64-row
         one's time at 32 rows, a 16-row one 1.0-1.8x (two tiles, the weights decoded twice); at 16
         rows the ``mma`` rule took 0.71-0.89x the best 16-row tile's time on every shape, so the rule
-        serves from the 32-row bucket. Two splits' parts added in a cluster's shared memory (``cluster``)
-        instead of a second kernel took 0.91-0.96x the time on 4096², 4096×14336 and 8192² at 32-256
-        rows (H100, mxfp4 fp16, ``tune-cluster-*.jsonl``): 0.94; clusters of 4 and 8 took 1.7-2x
-        with two warpgroups (one block an SM: the GPCs hold fewer such clusters than the grid has),
-        and 1.1-2x the records' time with one (2 blocks an SM; ``tune-cluster-*-e8b08eb.jsonl``):
-        not offered."""
+        serves from the 32-row bucket. Two splits' parts added in a cluster's shared memory
+        (``cluster``) instead of a second kernel took 0.91-0.96x the time on 4096², 4096×14336 and
+        8192² at 32-256 rows (H100, mxfp4 fp16, ``tune-cluster-*.jsonl``): 0.94; clusters of 4 and 8
+        took 1.7-2x with two warpgroups (one block an SM: the GPCs hold fewer such clusters than the
+        grid has), and 1.1-2x the records' time with one (2 blocks an SM;
+        ``tune-cluster-*-e8b08eb.jsonl``): not offered."""
         waves = _blocks(spec, h) * h.splits / _slots(spec, h)
         short = math.ceil(waves) / waves if not h.sk else 1.03 * (1.0 if h.sk == _per_sm(h) else 1.05)
         short *= 1.5 if h.sk and h.mt == 256 else 1.0
@@ -124,12 +124,12 @@ class WgmmaW(Rule):
 
     def twins(self, spec: Any, hints: Hints) -> list[Hints]:
         """``hints`` split in two with its parts added in a cluster's shared memory (the newest option,
-        first: a cut budget keeps it); ``hints`` leaner (``lean`` 1; the
-        twins below lean too) and with its outputs scaled by a multiply (``lean`` 2), with its loads by
-        TMA (the ring on, ``tma`` 2), refilled by every thread, warp 0 and a producer warpgroup
-        (``prod``), and that unsplit on a stream-K grid of 1 and 2 blocks an SM, with its M tile and twice it
-        (stream-K pays per tile a block runs: on 8192² at 128 rows two warpgroups × 128 rows took
-        0.77x the time of × 64), where those are candidates."""
+        first: a cut budget keeps it); ``hints`` leaner (``lean`` 1; the twins below lean too) and
+        with its outputs scaled by a multiply (``lean`` 2), with its loads by TMA (the ring on,
+        ``tma`` 2), refilled by every thread, warp 0 and a producer warpgroup (``prod``), and that
+        unsplit on a stream-K grid of 1 and 2 blocks an SM, with its M tile and twice it (stream-K
+        pays per tile a block runs: on 8192² at 128 rows two warpgroups × 128 rows took 0.77x the
+        time of × 64), where those are candidates."""
         leaner = hints if hints.lean else _replaced(hints, lean=1) or hints  # (the twins below lean too)
         twins = [_replaced(leaner, cluster=1, splits=2)] if hints.splits > 1 else []
         twins += [
