@@ -308,7 +308,7 @@ class _Kernel:
                 self.loop_and_epilogue()
             if h.cluster:
                 self.cluster_reduce()
-        if self.ws is not None:
+        if h.splits > 1 and not h.cluster:
             self.add_splits()
 
     def block_buffers(self, tx) -> None:
@@ -974,12 +974,13 @@ class _Kernel:
             with T.serial(0, -(-units // threads)) as r:
                 u = self.tx + threads * r
                 row, c4 = self.z * rows + u // (cols // 4), u % (cols // 4)
-                conds = [self.m0 + tirx.Cast("int64", row) < self.m]
-                with T.If(tirx.And(u < units, conds[0]) if units % threads else conds[0]), T.Then():
+                in_y = self.m0 + tirx.Cast("int64", row) < self.m
+                with T.If(tirx.And(u < units, in_y) if units % threads else in_y), T.Then():
                     addr = base + tirx.Cast("uint32", (row * (cols + PAD) + 4 * c4) * 4)
-                    for s in range(h.splits):
-                        dsmem_ld4(T, [(acc if s == 0 else part)[e] for e in range(4)], addr, u32(s))
-                        for e in range(4 if s else 0):
+                    dsmem_ld4(T, [acc[e] for e in range(4)], addr, u32(0))
+                    for s in range(1, h.splits):  # in split order
+                        dsmem_ld4(T, [part[e] for e in range(4)], addr, u32(s))
+                        for e in range(4):
                             T.buffer_store(acc, acc[e] + part[e], [e])
                     for e in range(4):
                         self._to_y(self.m0 + tirx.Cast("int64", row), self.n0 + 4 * c4 + e, acc[e])
