@@ -46,6 +46,8 @@ def test_applies_names_the_problem():
             wgmma_w.Hints(**bad)
     with pytest.raises(ValueError, match="with ring 1"):  # TMA completes on the ring's mbarriers
         wgmma_w.Hints(tma=1)
+    with pytest.raises(ValueError, match=r"early 0\|1 \(1 with sk 0\)"):  # stream-K scans after the loads
+        wgmma_w.Hints(ring=1, sk=1, early=1)
     for bad in (dict(sk=1), dict(sk=1, ring=1, splits=2), dict(sk=3, ring=1)):  # stream-K: ring, unsplit
         with pytest.raises(ValueError, match=r"sk 0\|1\|2 \(with ring 1 and splits 1\)"):
             wgmma_w.Hints(**bad)
@@ -107,24 +109,32 @@ def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
     # each leaner (the record itself first: the same kernel in fewer instructions; then it with its
     # outputs scaled by a multiply, lean 2)
     lean = lambda *hs, n=1: [dataclasses.replace(h, lean=n) for h in hs]  # noqa: E731
-    assert rule.twins(spec, plain) == lean(plain) + lean(plain, n=2) + lean(tma, warp0, producer, sk)
-    assert rule.twins(spec, tma) == lean(tma) + lean(tma, n=2) + lean(warp0, producer, sk)
+    # and first, the record with the ring's first loads issued before its scale scan (early)
+    early = lambda h: [dataclasses.replace(h, early=1)]  # noqa: E731
+    assert rule.twins(spec, plain) == early(plain) + lean(plain) + lean(plain, n=2) + lean(
+        tma, warp0, producer, sk
+    )
+    assert rule.twins(spec, tma) == early(tma) + lean(tma) + lean(tma, n=2) + lean(warp0, producer, sk)
     sk2 = dataclasses.replace(sk, prod=2)
-    assert rule.twins(spec, producer) == lean(producer) + lean(producer, n=2) + lean(tma, warp0, sk2)
-    assert rule.twins(spec, lean(producer)[0]) == lean(producer, n=2) + lean(tma, warp0, sk2)
-    # (no split here: neither it leaner nor a TMA twin)
+    assert rule.twins(spec, producer) == early(producer) + lean(producer) + lean(producer, n=2) + lean(
+        tma, warp0, sk2
+    )
+    leaner = lean(producer)[0]
+    assert rule.twins(spec, leaner) == early(leaner) + lean(producer, n=2) + lean(tma, warp0, sk2)
+    # (no split here: neither it leaner, nor early, nor a TMA twin)
     small = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, ring=1, tma=1)
     assert rule.twins(spec, small) == lean(  # and on 128-row tiles (two such blocks do not fit an SM)
         *(wgmma_w.Hints(1, 4, 1, mt=64, ring=1, tma=1, sk=sk) for sk in (1, 2)),
         wgmma_w.Hints(1, 4, 1, mt=128, ring=1, tma=1, sk=1),
     )
+    assert rule.twins(spec, sk)[0].sk and not any(t.early for t in rule.twins(spec, sk))  # (it scans late)
     assert rule.default_hints(spec).tma == 2  # what the H100 measured fastest with two warpgroups
-    # a split record's first twin: split in two, the parts added in a cluster's shared memory (4096² at
+    # a split record's second twin: split in two, the parts added in a cluster's shared memory (4096² at
     # 128 rows: 32 blocks of 128 weight rows, short of the 132 SMs)
     short = builder.KernelSpec("mxfp4", 4096, 4096, 128, "float16", "float16", False, 32, sm90)
     for splits in (2, 4):
         split = wgmma_w.Hints(2, 4, 1, mt=64, splits=splits, ring=1, tma=2, lean=2)
-        assert rule.twins(short, split)[0] == dataclasses.replace(split, cluster=1, splits=2)
+        assert rule.twins(short, split)[1] == dataclasses.replace(split, cluster=1, splits=2)
     assert rule.default_hints(spec).lean == 1
 
 
@@ -173,6 +183,12 @@ def test_stream_k_costs_the_work_where_waves_quantize():
         ("mxfp4", "float16", wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, sk=1, prod=2, lean=1)),
         ("mxfp4", "bfloat16", wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, sk=1, prod=1, lean=1)),
         ("mxfp4", "float16", wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=2, lean=2)),
+        (
+            "mxfp4",
+            "bfloat16",
+            wgmma_w.Hints(2, 4, 1, 64, 2, ring=1, tma=2, prod=2, lean=2, cluster=1, early=1),
+        ),
+        ("mxfp8_e4m3", "float16", wgmma_w.Hints(1, 4, 1, mt=64, splits=2, early=1)),
         ("mxint8", "float16", wgmma_w.Hints(1, 3, 0, mt=256, ring=1, tma=2, sk=1)),
         ("mxfp4", "float16", wgmma_w.Hints(2, 4, 1, 128, 2, ring=1, tma=2, prod=2, lean=2, cluster=1)),
         ("mxfp8_e4m3", "bfloat16", wgmma_w.Hints(1, 4, 0, mt=16, splits=4, cluster=1)),
@@ -212,6 +228,12 @@ def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
     # lean: fp4 into fp16 pairs decoded 4 at once (their signs masked byte-wise, 0x80808080)
     quads = hints.lean and fmt == "mxfp4" and dtype == "float16"
     assert ("(uint)2155905152" in src) == quads
+    # early (and stream-K): the ring's first copies issued before the scan of the scale codes (its
+    # byte-wise maxima)
+    body = src[src.index("main_kernel(") :]
+    assert (body.index("__vmaxu4(") > body.index("_shared_global_4(")) == bool(hints.early or hints.sk)
+    # a producer warpgroup does not wait for the vote: the compute warpgroups count theirs on barrier 1
+    assert ("bar.red.popc" in src) == (hints.prod == 2 and bool(hints.sk or hints.early))
     big = hints.mt == 256 and hints.prod < 2
     # stream-K of 256-row tiles, bf16: up to 40 bytes, all outside the K loop (the prologue's barrier
     # addresses and the epilogue's stores: nvdisasm of mxfp4 bf16, 2 warpgroups, warp 0 refilling)
@@ -295,6 +317,12 @@ CLUSTER_8 = wgmma_w.Hints(2, 4, 0, mt=64, splits=8, ring=1, tma=2, prod=2, lean=
 CLUSTER_CASES += [(CLUSTER_8, 100, 2048)]
 # test_gpu_lean_2_gives_lean_1s_bits's: lean 2 against its lean-1 twin (mxfp4, no bias)
 LEAN2_CASES = [(LEAN2, 300), (LEAN2_SK, 150), (LEAN2_SPLIT, 77)]
+# the ring's first loads before the scale scan: a producer warpgroup (the others vote on barrier 1) and
+# a cluster of 2 splits; every thread's cp.async on the block-barrier ring
+EARLY = wgmma_w.Hints(2, 4, 1, mt=64, splits=2, ring=1, tma=2, prod=2, lean=2, cluster=1, early=1)
+EARLY_PLAIN = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, early=1)
+GPU_TILES += [(EARLY, 77), (EARLY_PLAIN, 37)]
+EARLY_CASES = [(EARLY, 77), (EARLY_PLAIN, 37)]  # test_gpu_early_gives_the_same_bits's
 # the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu
 PREBUILD = [
     (f, 256, 512, dt, True, h)
@@ -315,6 +343,13 @@ PREBUILD += [
     for dt in ("float16", "bfloat16")
     for lean2, _ in LEAN2_CASES
     for h in (dataclasses.replace(lean2, lean=1), lean2)
+]
+PREBUILD += [
+    (f, 256, 512, dt, False, h)
+    for f in ("mxfp4", "mxfp8_e4m3")
+    for dt in ("float16", "bfloat16")
+    for early, _ in EARLY_CASES
+    for h in (dataclasses.replace(early, early=0), early)
 ]
 # test_gpu_linear_runs_the_records_kernel's: its record's layer, n, k, bucket and hints
 LINEAR = ("mxfp4", 512, 1024, 128, wgmma_w.Hints(2, 4, 1, mt=64, splits=2, ring=1, tma=2))
@@ -420,6 +455,30 @@ def test_gpu_lean_2_gives_lean_1s_bits(dtype, lean2, m):
     y1 = _run("mxfp4", x, q, dtype, dataclasses.replace(lean2, lean=1))
     y2 = _run("mxfp4", x, q, dtype, lean2)
     assert torch.equal(y1.view(torch.int16), y2.view(torch.int16))
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8_e4m3"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize(("early", "m"), EARLY_CASES)
+@pytest.mark.parametrize("fold", [True, False])
+def test_gpu_early_gives_the_same_bits(fmt, dtype, early, m, fold):
+    """``early`` moves the scan of the scale codes after the ring's first loads (and, with a producer
+    warpgroup, to the compute warpgroups' own barrier): the same bits as the kernel that scans first,
+    with rows that fold and (``fold`` False: a row whose codes span more binades than the fold allows)
+    with a block that does not."""
+    torch.manual_seed(5)
+    n, k = 256, 512
+    w = torch.randn(n, k, device="cuda")
+    if not fold:
+        w[3, :32] *= 2.0**-60
+    q = reference.quantize(w, fmt)
+    dt = getattr(torch, dtype)
+    x = torch.randn(m, k, device="cuda").to(dt)
+    y0 = _run(fmt, x, q, dtype, dataclasses.replace(early, early=0))
+    y1 = _run(fmt, x, q, dtype, early)
+    assert torch.equal(y0.view(torch.int16), y1.view(torch.int16))
 
 
 @pytest.mark.gpu

@@ -136,7 +136,10 @@ class Hints:
     instructions a K iteration; 2, that and the outputs brought to scale by one multiply a row's
     output instead of ``ldexpf`` where the exponents allow (:meth:`_Kernel._store`); cluster: 1 to
     add a split K's partial sums in distributed shared memory across a cluster of the splits' blocks
-    instead of a workspace and a second kernel (``splits`` > 1)."""
+    instead of a workspace and a second kernel (``splits`` > 1); early: 1 to issue the ring's first
+    loads before the scan of the rows' scale codes (whose global loads then overlap them; the
+    producer warpgroup, ``prod`` 2, starts at once and the others vote on a barrier of their own), 0
+    to scan first (stream-K scans at every tile, after the ring's first loads)."""
 
     wg: int = 2
     stages: int = 4
@@ -149,6 +152,7 @@ class Hints:
     prod: int = 0
     lean: int = 0
     cluster: int = 0
+    early: int = 0
 
     def __post_init__(self) -> None:
         ok = self.wg in (1, 2, 3, 4) and 3 <= self.stages <= 6 and self.double in (0, 1)
@@ -157,11 +161,13 @@ class Hints:
         ok = ok and self.prod in PROD and (not self.prod or self.tma == 2)
         ok = ok and (self.prod < 2 or self.wg <= 2) and self.lean in (0, 1, 2)
         ok = ok and self.cluster in (0, 1) and (not self.cluster or self.splits > 1)
+        ok = ok and self.early in (0, 1) and not (self.early and self.sk)
         if not ok or self.tma not in TMA or (self.tma and not self.ring):
             raise ValueError(
                 f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 16|32|64|128|256, "
                 "splits 1|2|4|8, ring 0|1, tma 0|1|2 (with ring 1), sk 0|1|2 (with ring 1 and splits 1), "
-                "prod 0|1|2 (with tma 2; 2 with wg 1|2), lean 0|1|2, cluster 0|1 (1 with splits > 1)"
+                "prod 0|1|2 (with tma 2; 2 with wg 1|2), lean 0|1|2, cluster 0|1 (1 with splits > 1), "
+                "early 0|1 (1 with sk 0)"
             )
 
     def to_dict(self) -> dict[str, int]:
@@ -300,12 +306,14 @@ class _Kernel:
             self.m0, self.n0 = tirx.Cast("int64", bx) * self.m_tile, by * (64 * h.wg)
             self.block_buffers(tx)
             self.zero_acc()
-            self.rows_fold()
+            if not h.early:
+                self.rows_fold()
             self.prologue()
+            compute = self.fold_loop_and_epilogue if h.early else self.loop_and_epilogue
             if h.prod == 2:
-                self.specialized(self.loop_and_epilogue)
+                self.specialized(compute)
             else:
-                self.loop_and_epilogue()
+                compute()
             if h.cluster:
                 self.cluster_reduce()
         if h.splits > 1 and not h.cluster:
@@ -321,6 +329,11 @@ class _Kernel:
         self.acc = T.alloc_buffer((self.frag,), "float32", scope="local")
         self.afr = T.alloc_buffer((1 + h.double, BK // STEP, 2, 4), "uint32", scope="local")
         self.desc = T.alloc_buffer((1,), "uint64", scope="local")
+
+    def fold_loop_and_epilogue(self) -> None:
+        """``early``: the block's fold scanned (the ring's first loads in flight), then its tile."""
+        self.rows_fold()
+        self.loop_and_epilogue()
 
     def loop_and_epilogue(self) -> None:
         """A block's tile: its K loop, then its sums brought to scale and stored."""
@@ -511,7 +524,7 @@ class _Kernel:
             T.buffer_store(self.fold_add, add, [r])
             T.buffer_store(self.out_exp, exp + oe, [r])
         self.fast = T.alloc_buffer((1,), "int32", scope="local")
-        if self.h.sk and self.h.prod == 2:  # the compute warpgroups alone (barrier 1): a count of yes
+        if (self.h.sk or self.h.early) and self.h.prod == 2:  # the compute warpgroups alone (barrier 1)
             votes = T.alloc_buffer((1,), "uint32", scope="local")
             threads = 128 * self.h.wg
             T.evaluate(

@@ -46,7 +46,8 @@ class WgmmaW(Rule):
         shared memory, split K only while the halved split's grid is short of :func:`_slots` (its
         parts added by a second kernel, or for 2 splits in a cluster's shared memory), TMA and
         stream-K on the mbarrier ring, stream-K unsplit (deterministic order), warp 0 or a producer
-        warpgroup refilling the ring where TMA loads it (the producer: 1 or 2 others)."""
+        warpgroup refilling the ring where TMA loads it (the producer: 1 or 2 others), the ring's first
+        loads before the scale scan or after it (``early``; stream-K: before)."""
         if not self._serves(spec):
             return []
         f = formats.get(spec.fmt)
@@ -60,7 +61,13 @@ class WgmmaW(Rule):
             and (not p[8] or p[6] == 2)
             and (p[8] < 2 or p[0] <= 2)
         )
-        hints = (Hints(*p, cluster=c) for p in space if ok(p) for c in ((0, 1) if p[4] == 2 else (0,)))
+        hints = (
+            Hints(*p, cluster=c, early=e)
+            for p in space
+            if ok(p)
+            for c in ((0, 1) if p[4] == 2 else (0,))
+            for e in ((0,) if p[7] else (0, 1))
+        )
         return [
             h
             for h in hints
@@ -105,7 +112,12 @@ class WgmmaW(Rule):
         8192² at 32-256 rows (H100, mxfp4 fp16, ``tune-cluster-*.jsonl``): 0.94; clusters of 4 and 8
         took 1.7-2x with two warpgroups (one block an SM: the GPCs hold fewer such clusters than the
         grid has), and 1.1-2x the records' time with one (2 blocks an SM;
-        ``tune-cluster-*-e8b08eb.jsonl``): not offered."""
+        ``tune-cluster-*-e8b08eb.jsonl``): not offered. The ring's first loads issued before the scale
+        scan (``early``) took 0.93-1.03x the time of the records' kernels (43 of 51 faster; 4096² at 32
+        and 64 rows, 1024×4096 and 4096×14336 0.93-0.97x; H100, mxfp4 and mxfp8_e4m3,
+        ``wgmma_w-early-ab-*.json``): 0.98. Two blocks of two warpgroups an SM (128 registers a thread) took 0.99-1.02x the records'
+        time with their grids (at most a block an SM) and 1.02-1.19x with split K doubled to fill them
+        (``wgmma_w-occ2-ab-*.json``): not offered."""
         waves = _blocks(spec, h) * h.splits / _slots(spec, h)
         short = math.ceil(waves) / waves if not h.sk else 1.03 * (1.0 if h.sk == _per_sm(h) else 1.05)
         short *= 1.5 if h.sk and h.mt == 256 else 1.0
@@ -120,18 +132,20 @@ class WgmmaW(Rule):
             short *= 1.25 if h.sk else 1.0
             ring *= 1.0 if h.prod == 2 else 1.1
         split = (1.0 + 0.05 * (h.splits - 1)) * (0.94 if h.cluster else 1.0)
-        return short * measured * ring * split
+        return short * measured * ring * split * (0.98 if h.early else 1.0)
 
     def twins(self, spec: Any, hints: Hints) -> list[Hints]:
-        """``hints`` split in two with its parts added in a cluster's shared memory (the newest option,
-        first: a cut budget keeps it); ``hints`` leaner (``lean`` 1; the twins below lean too) and
+        """``hints`` with the ring's first loads issued before the scale scan (``early``: the newest
+        option, first, so a cut budget keeps it); ``hints`` split in two with its parts added in a
+        cluster's shared memory; ``hints`` leaner (``lean`` 1; the twins below lean too) and
         with its outputs scaled by a multiply (``lean`` 2), with its loads by TMA (the ring on,
         ``tma`` 2), refilled by every thread, warp 0 and a producer warpgroup (``prod``), and that
         unsplit on a stream-K grid of 1 and 2 blocks an SM, with its M tile and twice it (stream-K
         pays per tile a block runs: on 8192² at 128 rows two warpgroups × 128 rows took 0.77x the
         time of × 64), where those are candidates."""
         leaner = hints if hints.lean else _replaced(hints, lean=1) or hints  # (the twins below lean too)
-        twins = [_replaced(leaner, cluster=1, splits=2)] if hints.splits > 1 else []
+        twins = [_replaced(hints, early=1)]
+        twins += [_replaced(leaner, cluster=1, splits=2)] if hints.splits > 1 else []
         twins += [
             leaner,
             _replaced(leaner, lean=2),
