@@ -116,7 +116,7 @@ class WgmmaW(Rule):
         scan (``early``) took 0.93-1.03x the time of the records' kernels (43 of 51 faster; 4096² at 32
         and 64 rows, 1024×4096 and 4096×14336 0.93-0.97x; H100, mxfp4 and mxfp8_e4m3,
         ``wgmma_w-early-ab-*.json``): 0.98. Two blocks of two warpgroups an SM (128 registers a
-        thread) took 0.99-1.02x the records' time with their grids (at most a block an SM) and
+        thread) took 0.99-1.02x the records' time with their grids (9 tasks, at most a block an SM) and
         1.02-1.19x with split K doubled to fill them (``wgmma_w-occ2-ab-*.json``): not offered."""
         waves = _blocks(spec, h) * h.splits / _slots(spec, h)
         short = math.ceil(waves) / waves if not h.sk else 1.03 * (1.0 if h.sk == _per_sm(h) else 1.05)
