@@ -173,3 +173,30 @@ def scale_tiles(scales: torch.Tensor, block_size: int) -> torch.Tensor:
     n = scales.shape[0]
     per32 = scales.repeat_interleave(block_size // 32, dim=1) if block_size > 32 else scales
     return per32.reshape(n // TILE_ROWS, TILE_ROWS, -1).transpose(1, 2).contiguous()
+
+
+FRAG_GROUP = 128  # K of a group that :func:`frag_order` permutes (a ring slot of ``wgmma_w``)
+
+
+def frag_perm() -> torch.Tensor:
+    """int64 ``[128]``: position ``p`` of a group in fragment order holds the code at K ``perm[p]``.
+    Lane ``j`` (of a quad) of an ``mma.sync.m16n8k16`` / ``wgmma`` A fragment takes, of each 32-K
+    step ``u``, the codes at K ``32u + 2j + (0, 1, 8, 9, 16, 17, 24, 25)``; fragment order puts them
+    at ``32j + 8u ..``: a lane's codes of a group are one run."""
+    t = torch.tensor([0, 1, 8, 9, 16, 17, 24, 25])
+    j, u = torch.arange(4).view(4, 1, 1), torch.arange(4).view(1, 4, 1)
+    return (32 * u + 2 * j + t).reshape(-1)
+
+
+def frag_order(blocks: torch.Tensor, bits: int) -> torch.Tensor:
+    """Portable uint8 ``[n, k*bits/8]`` 4- or 8-bit codes → the same codes in fragment order
+    (:func:`frag_perm` applied to each group of 128 K), uint8 ``[n, k*bits/8]``; ``k`` a multiple of
+    128. The scales keep their order (a group's steps are its 4 scale blocks)."""
+    if bits not in (4, 8):
+        raise ValueError(f"fragment order is for 4- or 8-bit codes, not {bits}-bit")
+    codes = packing.unpack(blocks, bits)
+    *lead, k = codes.shape
+    if k % FRAG_GROUP:
+        raise ValueError(f"fragment order permutes groups of {FRAG_GROUP} K: K={k} is not a multiple")
+    groups = codes.reshape(*lead, k // FRAG_GROUP, FRAG_GROUP)
+    return packing.pack(groups[..., frag_perm().to(codes.device)].reshape(*lead, k), bits)

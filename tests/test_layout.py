@@ -2,6 +2,7 @@
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -76,3 +77,29 @@ def test_cpu_planes_hold_odd_width_codes_one_a_byte(bits):
     else:
         assert layout.cpu_widths(bits) == (bits,) and layout.codes_per_byte(bits) == 8 // bits
         assert planes[0] is portable
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_frag_order_gives_each_lane_its_fragment_codes_in_one_run(bits):
+    """Lane ``j`` of a quad takes, of 32-K step ``u`` of a 128-K group, the codes at K ``32u + 2j +
+    (0, 1, 8, 9, 16, 17, 24, 25)`` (the ``mma.m16n8k16`` / ``wgmma`` A fragment of its rows); in
+    fragment order they are bytes ``16j + 4u ..`` (4-bit, two a byte, low nibble first) or ``32j +
+    8u ..`` (8-bit) of the group: one run a lane."""
+    rng = np.random.default_rng(bits)
+    n, k = 3, 384
+    codes = torch.from_numpy(rng.integers(0, 2**bits, (n, k), dtype=np.uint8))
+    frag = layout.frag_order(packing.pack(codes, bits), bits)
+    assert frag.shape == (n, k * bits // 8) and frag.dtype == torch.uint8
+    got = packing.unpack(frag, bits)  # position p of the result: the code frag order put there
+    for g, u, j, row in itertools.product(range(k // 128), range(4), range(4), range(n)):
+        want = [codes[row, 128 * g + 32 * u + 2 * j + t] for t in (0, 1, 8, 9, 16, 17, 24, 25)]
+        start = 128 * g + 32 * j + 8 * u  # (codes; bytes: start * bits / 8)
+        assert got[row, start : start + 8].tolist() == [int(c) for c in want]
+    assert sorted(layout.frag_perm().tolist()) == list(range(128))
+
+
+def test_frag_order_names_what_it_cannot_take():
+    with pytest.raises(ValueError, match="4- or 8-bit codes, not 6-bit"):
+        layout.frag_order(torch.zeros(2, 96, dtype=torch.uint8), 6)
+    with pytest.raises(ValueError, match="K=192 is not a multiple"):
+        layout.frag_order(torch.zeros(2, 96, dtype=torch.uint8), 4)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import mxgemm
-from mxgemm import formats, ops, packing, reference, rules, tunelog
+from mxgemm import formats, layout, ops, packing, reference, rules, tunelog
 from mxgemm.codegen import build as builder
 from mxgemm.codegen import target as targets
 from mxgemm.codegen import wgmma_w
@@ -48,6 +48,8 @@ def test_applies_names_the_problem():
         wgmma_w.Hints(tma=1)
     with pytest.raises(ValueError, match=r"early 0\|1 \(1 with sk 0\)"):  # stream-K scans after the loads
         wgmma_w.Hints(ring=1, sk=1, early=1)
+    with pytest.raises(ValueError, match=r"frag 0\|1"):
+        wgmma_w.Hints(frag=2)
     for bad in (dict(sk=1), dict(sk=1, ring=1, splits=2), dict(sk=3, ring=1)):  # stream-K: ring, unsplit
         with pytest.raises(ValueError, match=r"sk 0\|1\|2 \(with ring 1 and splits 1\)"):
             wgmma_w.Hints(**bad)
@@ -192,6 +194,9 @@ def test_stream_k_costs_the_work_where_waves_quantize():
         ("mxint8", "float16", wgmma_w.Hints(1, 3, 0, mt=256, ring=1, tma=2, sk=1)),
         ("mxfp4", "float16", wgmma_w.Hints(2, 4, 1, 128, 2, ring=1, tma=2, prod=2, lean=2, cluster=1)),
         ("mxfp8_e4m3", "bfloat16", wgmma_w.Hints(1, 4, 0, mt=16, splits=4, cluster=1)),
+        ("mxfp4", "float16", wgmma_w.Hints(2, 4, 1, 64, 2, ring=1, tma=2, prod=2, lean=2, cluster=1, frag=1)),
+        ("mxint8", "bfloat16", wgmma_w.Hints(1, 4, 1, mt=64, splits=2, frag=1)),
+        ("mxfp8_e4m3", "float16", wgmma_w.Hints(1, 3, 1, mt=256, ring=1, tma=2, frag=1)),
     ],
 )
 def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
@@ -205,7 +210,7 @@ def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
 
     ab, h = {"float16": "f16", "bfloat16": "bf16"}[dtype], hints
 
-    def source(bias: bool) -> str:
+    def source(bias: bool, h=h) -> str:
         f = wgmma_w.kernel(formats.get(fmt), n=512, k=512, out_dtype=dtype, bias=bias, a_dtype=dtype, hints=h)
         return builder.compile_export(tvm.IRModule({"main": f}), TARGET, tmp_path / "k.so")["source"]
 
@@ -234,6 +239,10 @@ def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
     assert (body.index("__vmaxu4(") > body.index("_shared_global_4(")) == bool(hints.early or hints.sk)
     # a producer warpgroup does not wait for the vote: the compute warpgroups count theirs on barrier 1
     assert ("bar.red.popc" in src) == (hints.prod == 2 and bool(hints.sk or hints.early))
+    # the codes in fragment order: a lane's words are read as they are, none gathered by __byte_perm
+    if hints.frag:
+        planes = source(bias=True, h=dataclasses.replace(hints, frag=0))
+        assert src.count("__byte_perm(") < planes.count("__byte_perm(")
     big = hints.mt == 256 and hints.prod < 2
     # stream-K of 256-row tiles, bf16: up to 40 bytes, all outside the K loop (the prologue's barrier
     # addresses and the epilogue's stores: nvdisasm of mxfp4 bf16, 2 warpgroups, warp 0 refilling)
@@ -323,6 +332,13 @@ EARLY = wgmma_w.Hints(2, 4, 1, mt=64, splits=2, ring=1, tma=2, prod=2, lean=2, c
 EARLY_PLAIN = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, early=1)
 GPU_TILES += [(EARLY, 77), (EARLY_PLAIN, 37)]
 EARLY_CASES = [(EARLY, 77), (EARLY_PLAIN, 37)]  # test_gpu_early_gives_the_same_bits's
+# the codes in fragment order (mxgemm.layout.frag_order): codes by TMA, by every thread's cp.async, and
+# a step's words read just before its decode (256-row tiles)
+FRAG = dataclasses.replace(EARLY, frag=1)
+FRAG_PLAIN = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, frag=1)
+FRAG_BIG = wgmma_w.Hints(1, 3, 1, mt=256, ring=1, tma=2, frag=1)
+FRAG_CASES = [(FRAG, 77), (FRAG_PLAIN, 37), (FRAG_BIG, 300)]
+GPU_TILES += FRAG_CASES
 # the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu
 PREBUILD = [
     (f, 256, 512, dt, True, h)
@@ -351,6 +367,14 @@ PREBUILD += [
     for early, _ in EARLY_CASES
     for h in (dataclasses.replace(early, early=0), early)
 ]
+PREBUILD += [
+    (f, 256, 512, dt, False, h)
+    for f in ("mxfp4", "mxfp8_e4m3")
+    for dt in ("float16", "bfloat16")
+    for frag, _ in FRAG_CASES
+    for h in (dataclasses.replace(frag, frag=0), frag)
+    if wgmma_w.applies(formats.get(f), 256, 512, dt, h) is None
+]
 # test_gpu_linear_runs_the_records_kernel's: its record's layer, n, k, bucket and hints
 LINEAR = ("mxfp4", 512, 1024, 128, wgmma_w.Hints(2, 4, 1, mt=64, splits=2, ring=1, tma=2))
 LINEAR_384 = ("mxfp4", 512, 1024, 384, wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=2, lean=1))
@@ -371,7 +395,8 @@ def _run(fmt, x, q, dtype, hints, bias=None):
         pytest.skip(why)
     func = wgmma_w.compiled(fmt, n, k, dtype, bias is not None, hints)
     y = torch.empty(x.shape[0], n, dtype=x.dtype, device="cuda")
-    func(x, q.blocks, q.scales, *([bias] if bias is not None else []), y)
+    codes = layout.frag_order(q.blocks, formats.get(fmt).bits) if hints.frag else q.blocks
+    func(x, codes, q.scales, *([bias] if bias is not None else []), y)
     return y
 
 
@@ -417,7 +442,7 @@ def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m, unfolded):
         *(GPU_TILES[1][0], SPLIT, RING, TMA1, TMA2_SPLIT, BIG, SK1, SK2),
         *(PROD, PROD_SK, PRODUCER, PRODUCER_SPLIT, PRODUCER_SK, LEAN, LEAN_SK, LEAN_SPLIT, SK_BIG, SK_BIG_1),
         *(LEAN2, LEAN2_SK, LEAN2_SPLIT, SMALL, SMALL_SPLIT, SMALL_SK, SMALL_SK2),
-        *(CLUSTER, CLUSTER_SMALL, CLUSTER_BIG, EARLY, EARLY_PLAIN),
+        *(CLUSTER, CLUSTER_SMALL, CLUSTER_BIG, EARLY, EARLY_PLAIN, FRAG, FRAG_PLAIN, FRAG_BIG),
     ],
 )
 def test_gpu_one_hot_rows_are_bit_exact(fmt, dtype, hints):
@@ -478,6 +503,29 @@ def test_gpu_early_gives_the_same_bits(fmt, dtype, early, m, fold):
     x = torch.randn(m, k, device="cuda").to(dt)
     y0 = _run(fmt, x, q, dtype, dataclasses.replace(early, early=0))
     y1 = _run(fmt, x, q, dtype, early)
+    assert torch.equal(y0.view(torch.int16), y1.view(torch.int16))
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8_e4m3"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize(("frag", "m"), FRAG_CASES)
+@pytest.mark.parametrize("fold", [True, False])
+def test_gpu_frag_gives_the_same_bits(fmt, dtype, frag, m, fold):
+    """``frag`` reads the codes in fragment order (:func:`mxgemm.layout.frag_order` of the same weight):
+    each lane's words as they are instead of gathered from the planes' K order, the same pairs into
+    the same wgmmas, so the same bits, with rows that fold and (``fold`` False) a block that does not."""
+    torch.manual_seed(6)
+    n, k = 256, 512
+    w = torch.randn(n, k, device="cuda")
+    if not fold:
+        w[3, :32] *= 2.0**-60
+    q = reference.quantize(w, fmt)
+    dt = getattr(torch, dtype)
+    x = torch.randn(m, k, device="cuda").to(dt)
+    y0 = _run(fmt, x, q, dtype, dataclasses.replace(frag, frag=0))
+    y1 = _run(fmt, x, q, dtype, frag)
     assert torch.equal(y0.view(torch.int16), y1.view(torch.int16))
 
 

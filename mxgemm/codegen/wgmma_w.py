@@ -139,7 +139,9 @@ class Hints:
     instead of a workspace and a second kernel (``splits`` > 1); early: 1 to issue the ring's first
     loads before the scan of the rows' scale codes (whose global loads then overlap them; the
     producer warpgroup, ``prod`` 2, starts at once and the others vote on a barrier of their own), 0
-    to scan first (stream-K scans at every tile, after the ring's first loads)."""
+    to scan first (stream-K scans at every tile, after the ring's first loads); frag: 1 to read the
+    codes in fragment order (:func:`~mxgemm.layout.frag_order`: a lane's codes of a row's slot are
+    one 16- or 32-byte run, one or two ``ld.shared.v4`` and no ``prmt``), 0 in the planes' K order."""
 
     wg: int = 2
     stages: int = 4
@@ -153,6 +155,7 @@ class Hints:
     lean: int = 0
     cluster: int = 0
     early: int = 0
+    frag: int = 0
 
     def __post_init__(self) -> None:
         ok = self.wg in (1, 2, 3, 4) and 3 <= self.stages <= 6 and self.double in (0, 1)
@@ -161,13 +164,13 @@ class Hints:
         ok = ok and self.prod in PROD and (not self.prod or self.tma == 2)
         ok = ok and (self.prod < 2 or self.wg <= 2) and self.lean in (0, 1, 2)
         ok = ok and self.cluster in (0, 1) and (not self.cluster or self.splits > 1)
-        ok = ok and self.early in (0, 1) and not (self.early and self.sk)
+        ok = ok and self.early in (0, 1) and not (self.early and self.sk) and self.frag in (0, 1)
         if not ok or self.tma not in TMA or (self.tma and not self.ring):
             raise ValueError(
                 f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 16|32|64|128|256, "
                 "splits 1|2|4|8, ring 0|1, tma 0|1|2 (with ring 1), sk 0|1|2 (with ring 1 and splits 1), "
                 "prod 0|1|2 (with tma 2; 2 with wg 1|2), lean 0|1|2, cluster 0|1 (1 with splits > 1), "
-                "early 0|1 (1 with sk 0)"
+                "early 0|1 (1 with sk 0), frag 0|1"
             )
 
     def to_dict(self) -> dict[str, int]:
@@ -655,19 +658,44 @@ class _Kernel:
         for out in range(2):
             T.buffer_store(words, perm(word(2 * out), word(2 * out + 1), pick), [u, r, out])
 
+    def row_words(self, slot, row, steps, words, r) -> None:
+        """This lane's codes of ``steps`` of ``row`` into ``words[u, r]`` (:meth:`lane_words`); ``frag``:
+        the lane's run of the row's slot (``w // 4`` words a step, step ``u`` at word ``u * w // 4``)
+        read whole where ``steps`` are the slot's four, else a step at a time."""
+        if not self.h.frag:
+            for u in steps:
+                self.lane_words(slot, row, u, words, r)
+            return
+        T, per = self.T, self.w // 4  # words a step
+        if list(steps) == list(range(BK // STEP)):
+            for c in range(per):
+                dst = [words[u, r, o] for u in range(4 * c // per, 4 * (c + 1) // per) for o in range(per)]
+                chunk = self._code_chunk(row, per * self.j + c)
+                T.evaluate(T.ptx.ld.shared.v4.b32(*dst, self._addr(slot, chunk)))
+            return
+        for u in steps:
+            chunk = self._code_chunk(row, per * self.j + u * per // 4)
+            byte = 4 * per * u % 16
+            if per == 1:
+                T.evaluate(T.ptx.ld.shared.b32(words[u, r, 0], self._addr(slot, chunk + byte)))
+            else:
+                T.evaluate(
+                    T.ptx.ld.shared.v2.b32(words[u, r, 0], words[u, r, 1], self._addr(slot, chunk + byte))
+                )
+
     def decode(self, slot, buf: int, fold: bool, steps=range(BK // STEP)) -> None:
         """This thread's fragments of the slot's ``steps`` into ``afr[buf]``: codes of its two rows,
         pairs decoded and (``fold``) multiplied by their folded block scale."""
         T = self.T
         words = T.alloc_buffer((BK // STEP, 2, 2), "uint32", scope="local")
         late = self.m_tile > BIG  # a step's words loaded just before its decode
-        for r, u in itertools.product(range(2), [] if late else steps):
-            self.lane_words(slot, self.row(r), u, words, r)
+        for r in range(2):
+            self.row_words(slot, self.row(r), [] if late else list(steps), words, r)
         sc = self.scale_words(slot) if fold else None
         fma = T.ptx.fma.rn.f16x2 if self.a_dtype == "float16" else T.ptx.fma.rn.bf16x2
         for u in steps:
             for r in range(2) if late else []:
-                self.lane_words(slot, self.row(r), u, words, r)
+                self.row_words(slot, self.row(r), [u], words, r)
             if fold:
                 fac = [self.multiplier(sc, r, u) for r in range(2)]
             if self.quads:  # a row's 4 pairs of the step at once

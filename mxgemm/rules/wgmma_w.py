@@ -117,7 +117,11 @@ class WgmmaW(Rule):
         and 64 rows, 1024×4096 and 4096×14336 0.93-0.97x; H100, mxfp4 and mxfp8_e4m3,
         ``wgmma_w-early-ab-*.json``): 0.98. Two blocks of two warpgroups an SM (128 registers a
         thread) took 0.99-1.02x the records' time with their grids (9 tasks, at most a block an SM) and
-        1.02-1.19x with split K doubled to fill them (``wgmma_w-occ2-ab-*.json``): not offered."""
+        1.02-1.19x with split K doubled to fill them (``wgmma_w-occ2-ab-*.json``): not offered. Codes in
+        fragment order (``frag``) ran the records' hints 1.01-1.12x faster (24 records, mxfp4 and
+        mxfp8_e4m3 fp16, 32-1024 rows, the same bits: ``wgmma_w-frag-ab-*.json``) but are not offered: a
+        layer holds its codes once, in the planes' K order, which the ``mma`` kernels of its few-row
+        calls read (an ``mma`` reading fragment order ran 0.73-1.08x at 1-16 rows: ``mma-frag-*``)."""
         waves = _blocks(spec, h) * h.splits / _slots(spec, h)
         short = math.ceil(waves) / waves if not h.sk else 1.03 * (1.0 if h.sk == _per_sm(h) else 1.05)
         short *= 1.5 if h.sk and h.mt == 256 else 1.0
