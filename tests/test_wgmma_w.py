@@ -493,16 +493,21 @@ def test_gpu_early_gives_the_same_bits(fmt, dtype, early, m, fold):
     warpgroup, to the compute warpgroups' own barrier): the same bits as the kernel that scans first,
     with rows that fold and (``fold`` False: a row whose codes span more binades than the fold allows)
     with a block that does not."""
-    torch.manual_seed(5)
+    _assert_same_bits(fmt, dtype, early, dataclasses.replace(early, early=0), m, fold, seed=5)
+
+
+def _assert_same_bits(fmt, dtype, hints, without, m, fold, seed):
+    """``hints`` and ``without`` (the same kernel without one option) give the same bits, on rows
+    that fold or (``fold`` False) with a block that does not."""
+    torch.manual_seed(seed)
     n, k = 256, 512
     w = torch.randn(n, k, device="cuda")
     if not fold:
         w[3, :32] *= 2.0**-60
     q = reference.quantize(w, fmt)
-    dt = getattr(torch, dtype)
-    x = torch.randn(m, k, device="cuda").to(dt)
-    y0 = _run(fmt, x, q, dtype, dataclasses.replace(early, early=0))
-    y1 = _run(fmt, x, q, dtype, early)
+    x = torch.randn(m, k, device="cuda").to(getattr(torch, dtype))
+    y0 = _run(fmt, x, q, dtype, without)
+    y1 = _run(fmt, x, q, dtype, hints)
     assert torch.equal(y0.view(torch.int16), y1.view(torch.int16))
 
 
@@ -516,17 +521,7 @@ def test_gpu_frag_gives_the_same_bits(fmt, dtype, frag, m, fold):
     """``frag`` reads the codes in fragment order (:func:`mxgemm.layout.frag_order` of the same weight):
     each lane's words as they are instead of gathered from the planes' K order, the same pairs into
     the same wgmmas, so the same bits, with rows that fold and (``fold`` False) a block that does not."""
-    torch.manual_seed(6)
-    n, k = 256, 512
-    w = torch.randn(n, k, device="cuda")
-    if not fold:
-        w[3, :32] *= 2.0**-60
-    q = reference.quantize(w, fmt)
-    dt = getattr(torch, dtype)
-    x = torch.randn(m, k, device="cuda").to(dt)
-    y0 = _run(fmt, x, q, dtype, dataclasses.replace(frag, frag=0))
-    y1 = _run(fmt, x, q, dtype, frag)
-    assert torch.equal(y0.view(torch.int16), y1.view(torch.int16))
+    _assert_same_bits(fmt, dtype, frag, dataclasses.replace(frag, frag=0), m, fold, seed=6)
 
 
 @pytest.mark.gpu

@@ -16,7 +16,10 @@ so that a thread's operands are 8 consecutive codes of each of its rows (``w`` b
 8 consecutive activations (16 bytes): in K step ``u`` (32 k, one scale block) lane ``l`` takes rows
 ``l / 4`` and ``l / 4 + 8`` at k ``32u + 8 (l % 4) + 0..7``; mma ``g`` takes k ``+4g .. +4g+3`` of
 every lane. A step's two mmas share one scale per weight row, so they go to a zeroed fp32 fragment
-that is added to the accumulator times the scale (exact: a power of two).
+that is added to the accumulator times the scale (exact: a power of two). With ``Hints.frag`` the
+codes are one plane of 4 or 8 bits in fragment order (:func:`~mxgemm.layout.frag_order`: a lane's
+codes of a 128-K group one run), so a lane takes the mma's standard fragment, K ``2j, 2j+1, 2j+8,
+2j+9`` of each 16 (``j = l % 4``), and its activations by four 32-bit loads.
 
 Loads, by ``Hints.stages``:
 
@@ -68,6 +71,7 @@ from mxgemm.layout import plane_widths
 STEP = 32  # K per step: 4 threads × 8 codes
 SMEM = 48 * 1024  # static shared memory per block (the cross-warp sum)
 RING_SMEM = 192 * 1024  # dynamic shared memory per block (the rings; an H100 SM has 228 KB)
+SM_SMEM = 228 * 1024  # shared memory of an H100 / H200 SM
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,13 @@ class Hints:
     and 4 FMAs per n8 tile and step, a dependent chain); mw: warps per block side by side in M (1, 2,
     4; with ``xs``), each with ``1/mw`` of the M tile's n8 tiles and the same weight tiles, whose
     codes and scales the ring holds once for the ``mw`` warps (fewer accumulators a warp, so more
-    weight tiles a warp: each activation fragment read from shared memory serves ``nt`` of them)."""
+    weight tiles a warp: each activation fragment read from shared memory serves ``nt`` of them); frag:
+    1 for codes in fragment order (:func:`~mxgemm.layout.frag_order`, one plane of 4 or 8 bits, a
+    warp's K a multiple of 128): a lane's codes of a 128-K group are one run, and its activations of a
+    step the mma's B fragment (four 32-bit loads, from the ring or from global memory); occ: 1..8 (a
+    ring) for at most that many blocks an SM, the ring padded to hold them to it (0: as many as
+    fit), so a kernel that needs few registers does not let as many blocks of the next kernel
+    launched early (``pdl``) in beside its own."""
 
     nt: int = 4
     kw: int = 4
@@ -101,6 +111,8 @@ class Hints:
     xs: int = 0
     fold: int = 0
     mw: int = 1
+    frag: int = 0
+    occ: int = 0
 
     def __post_init__(self) -> None:
         ok = self.nt in (1, 2, 4, 8) and self.kw in (1, 2, 4, 8) and self.stages in (0, 2, 3, 4)
@@ -109,7 +121,8 @@ class Hints:
         ok = ok and self.mw in ((1, 2, 4) if self.xs else (1,))
         ok = ok and self.pdl in ((0, 1) if self.stages else (0,)) and self.shl in (0, 1)
         ok = ok and self.xs in ((0, 1) if self.stages else (0,)) and (self.xs or self.kn < 8)
-        ok = ok and self.fold in ((0, 1) if self.stages else (0,))
+        ok = ok and self.fold in ((0, 1) if self.stages else (0,)) and self.frag in (0, 1)
+        ok = ok and self.occ in (range(9) if self.stages else (0,))
         if not ok:
             raise ValueError(f"mma hints out of range: {self}")
 
@@ -146,7 +159,13 @@ def smem_bytes(h: Hints, m_tile: int, bits: int = 8) -> tuple[int, int]:
     red = _red_bytes(h, m_tile)
     if not h.stages:
         return red, 0
-    return 0, max(red, h.kw * h.stages * _slot_bytes(h, bits, m_tile))
+    return 0, max(red, h.kw * h.stages * _slot_bytes(h, bits, m_tile), occ_bytes(h.occ))
+
+
+def occ_bytes(occ: int) -> int:
+    """Dynamic shared memory that holds a block to ``occ`` blocks an SM (one more does not fit the
+    SM's, 1 KB of it reserved a block); 0 for ``occ`` 0 (no bound)."""
+    return 0 if not occ else -(-(SM_SMEM // (occ + 1) - 1024 + 16) // 16) * 16
 
 
 def kernel(
@@ -198,6 +217,11 @@ class _Kernel:
         self.s_word = not h.stages and block_size == STEP and h.unroll == 4 and (k // STEP) % 4 == 0
         if h.stages and block_size != STEP:
             raise ValueError(f"mma ring hints {h} need one scale per 32-wide step, not {block_size}")
+        if h.frag and (self.widths not in ((4,), (8,)) or self.steps % 4):
+            raise ValueError(
+                f"mma hints {h}: fragment order takes one plane of 4 or 8 bits and a warp's K a multiple of "
+                f"128 ({fmt.name}: planes {self.widths}, {self.steps * STEP} K a warp)"
+            )
         self.fold = pairs.fold(fmt, a_dtype) if h.fold else None
         if h.fold and self.fold is None:
             raise ValueError(f"mma hints {h}: {fmt.name} pairs in {a_dtype} take no folded scale")
@@ -368,11 +392,32 @@ class _Kernel:
         """The warp's activation tile ``a`` of step ``ur`` of a ring slot into ``bfr[a]`` (rows ≥ M
         read what the slot holds: they feed only output columns that are not stored)."""
         dst = [self.bfr[a, g, q] for g in range(2) for q in range(2)]
-        self.T.evaluate(self.T.ptx.ld.shared.v4.b32(*dst, self._x_addr(slot, ur, self.my * self.xt_w + a)))
+        self.ld_x(dst, slot, ur, self.my * self.xt_w + a)
 
-    def _x_addr(self, slot, ur, a):
-        """The shared address of this lane's 16 bytes of activation tile ``a``, step ``ur``, of a slot."""
-        idx = ((ur * self.xt_n + a) * min(8, self.m_tile) + self.quad) * 4 + self.j
+    def ld_x(self, dst, slot, ur, a) -> None:
+        """This lane's activations of tile ``a``, step ``ur``, of a slot into the 4 registers ``dst``:
+        its 16 bytes (K ``8j ..``), or (``frag``) the mma's B fragment: K ``2j, 2j+1`` of each 8-K
+        chunk, four 32-bit loads (past an M tile of under 8 rows, lanes read one of its rows again:
+        they feed only outputs that are not stored)."""
+        T = self.T
+        if not self.h.frag:
+            T.evaluate(T.ptx.ld.shared.v4.b32(*dst, self._x_addr(slot, ur, a, self.quad, self.j)))
+            return
+        qn = min(8, self.m_tile)
+        row = self.quad if qn == 8 else self.quad % qn  # (rows past the tile: any, unstored)
+        for c in range(4):
+            T.evaluate(
+                T.ptx.ld.shared.b32(
+                    dst[c], self._x_addr(slot, ur, a, row, c) + tirx.Cast("uint32", 4 * self.j)
+                )
+            )
+
+    def _x_addr(self, slot, ur, a, row, chunk):
+        """The shared address of 8-K chunk ``chunk`` of activation ``row`` of tile ``a``, step ``ur``, of
+        a slot (``frag``: XOR-moved by the row, so the 8 rows' words a load reads hit distinct banks)."""
+        if self.h.frag:
+            chunk = tirx.bitwise_xor(chunk, row // 2 % 4)
+        idx = ((ur * self.xt_n + a) * min(8, self.m_tile) + row) * 4 + chunk
         return self._smem(slot, self.x_off + idx * 16, own=False)
 
     def set_x(self, xbuf, ur) -> None:
@@ -388,6 +433,11 @@ class _Kernel:
             xrow = tirx.Cast("int64", a * 8 + self.quad)
             with T.If(xrow < self.m64):
                 with T.Then():
+                    if h.frag:  # K 2j, 2j+1 of each 8-K chunk: the mma's B fragment
+                        for c in range(4):
+                            off = xrow * (k // 2) + self.ix((step0 + ur) * 16 + 4 * c + self.j)
+                            T.buffer_store(xbuf, tirx.BufferLoad(self.x32, [off]), [ur, a, c])
+                        continue
                     off = xrow * (k // 2) + self.ix((step0 + ur) * 16 + self.j * 4)
                     vec = tirx.BufferLoad(self.x32, [tirx.Ramp(off, 1, 4)])
                     T.buffer_store(xbuf, vec, [ur, a, tirx.Ramp(0, 1, 4)])
@@ -459,8 +509,10 @@ class _Kernel:
         for ur, t, r in itertools.product(range(h.unroll), range(h.nt), range(2)):
             step, row = step0 + ur, self.n0 + 16 * t + self.quad + 8 * r
             for p, (view, w, per) in enumerate(self.views):
-                # this thread's w bytes: (row * k + 32 step + 8 j) * w / 8
-                base = self.ix(row) * (k * w // 8 // per) + (step * (4 * w) + self.j * w) // per
+                # this thread's w bytes: (row * k + 32 step + 8 j) * w / 8; frag: lane j's run of the
+                # step's 128-K group, word step % 4 of it
+                lane = self._lane_byte(step, w)
+                base = self.ix(row) * (k * w // 8 // per) + lane // per
                 for q in range(max(1, w // 4)):
                     val = tirx.Cast("uint32", tirx.BufferLoad(view, [base + q]))
                     T.buffer_store(wbuf, val, [ur, t, r, p, q])
@@ -483,6 +535,8 @@ class _Kernel:
         # 48 KB always gets the opt-in: static + dynamic bytes must not pass 48 KB without it)
         red16 = -(-_red_bytes(h, self.m_tile) // 16)
         units = max(h.kw * h.stages * self.slot16, red16)
+        if h.occ:  # (smem_bytes)
+            units = max(units, occ_bytes(h.occ) // 16)
         self.ring = T.alloc_buffer((units,), "uint32x4", scope="shared.dyn")
         if self.fold is not None:  # before the two loops (else where the loop's registers are)
             self.nan = self._zeroed((1,))
@@ -604,6 +658,13 @@ class _Kernel:
                                 T.evaluate(T.ptx.prefetch.global_.L2(bb.ptr_to([row, step0 * (4 * w) + off])))
                         T.evaluate(T.ptx.prefetch.global_.L2(self.S.ptr_to([row, step0])))
 
+    def _lane_byte(self, step, w: int):
+        """The byte of this lane's ``w`` bytes of K step ``step`` in a row of codes (from a 128-K group's
+        start): ``32 step + 8 j`` codes, or (``frag``) word ``step % 4`` of lane ``j``'s run."""
+        if self.h.frag:
+            return step // 4 * (16 * w) + self.j * (4 * w) + step % 4 * w
+        return step * (4 * w) + self.j * w
+
     def _smem(self, slot, byte, own=True):
         """The shared-state address of byte ``byte`` of this warp's part (``own``; else of the
         group's activations, ``byte`` from the slot's start) of ring slot ``slot`` (indexing 16-byte
@@ -617,10 +678,14 @@ class _Kernel:
 
     def _swizzle(self, chunk, row, pieces: int):
         """16-byte chunk ``chunk`` of ``row`` (``pieces`` chunks a row) XOR-moved so the 8 rows a
-        quarter-warp reads start in distinct bank groups."""
+        quarter-warp reads start in distinct bank groups (``frag``, rows of 128 bytes or more: so the
+        two rows' runs it reads, chunk ``j`` (4-bit) or ``2j + c`` (8-bit) of a group, are in
+        distinct bank groups)."""
         p8 = min(pieces, 8)
         if p8 == 1:
             return chunk
+        if self.h.frag and p8 == 8:
+            return tirx.bitwise_xor(chunk, row % 2 * (4 if self.widths == (4,) else 1))
         return tirx.bitwise_xor(chunk, row // (8 // p8) % p8)
 
     def ring_issue(self, it, slot) -> None:
@@ -683,7 +748,12 @@ class _Kernel:
             with T.If(cond):
                 with T.Then():
                     src = self.A.ptr_to([a * 8 + quad, (step0 + ur) * STEP + j * 8])
-                    T.evaluate(cp16(self._smem(slot, self.x_off + c * 16, own=False), src, 16))
+                    dst = (
+                        self._x_addr(slot, ur, a, quad, j)
+                        if h.frag
+                        else self._smem(slot, self.x_off + c * 16, own=False)
+                    )
+                    T.evaluate(cp16(dst, src, 16))
 
     def read_steps(self, slot, urs, wreg, xreg, sreg=None) -> None:
         """This lane's codes of steps ``urs`` of a ring slot into ``wreg[ur % len(wreg)]``, then (if
@@ -696,13 +766,21 @@ class _Kernel:
         for t in range(h.nt):
             for p, w in enumerate(self.widths):
                 rowb = 4 * w * h.unroll
+                runs = h.frag and list(urs) == list(range(h.unroll))  # a lane's runs read whole
                 for ur, r in itertools.product(urs, range(2)):
                     row = self.quad + 8 * r
-                    byte = ur * 4 * w + self.j * w  # this lane's w bytes of step ur
+                    byte = self._lane_byte(ur, w)  # this lane's w bytes of step ur
                     chunk = self._swizzle(byte // 16, row, rowb // 16)
                     addr = self._smem(slot, off + row * rowb + chunk * 16 + byte % 16)
                     dst = [wreg[ur % nb, t, r, p, q] for q in range(self.words)]
-                    if w == 8:
+                    if runs and ur % (16 // w) == 0:  # a 16-byte chunk: steps ur .. ur + 16 / w
+                        dst = [
+                            wreg[(ur + i) % nb, t, r, p, q] for i in range(16 // w) for q in range(self.words)
+                        ]
+                        T.evaluate(ld.v4.b32(*dst, addr))
+                    elif runs:
+                        pass
+                    elif w == 8:
                         T.evaluate(ld.v2.b32(*dst, addr))
                     else:
                         T.evaluate(getattr(ld, {4: "b32", 2: "u16", 1: "u8"}[w])(dst[0], addr))
@@ -714,10 +792,13 @@ class _Kernel:
                 T.evaluate(ld.v2.b32(*dst, addr) if len(dst) == 2 else ld.b32(dst[0], addr))
         if xreg is not None:
             for ur, a in itertools.product(urs, range(self.xt_n)):
+                dst = [xreg[ur % nb, a, q] for q in range(4)]
+                if h.frag:  # (every lane loads: rows past M feed only unstored outputs)
+                    self.ld_x(dst, slot, ur, a)
+                    continue
                 with T.If(tirx.Cast("int64", a * 8 + self.quad) < self.m64):
                     with T.Then():
-                        addr = self._x_addr(slot, ur, a)
-                        T.evaluate(ld.v4.b32(*[xreg[ur % nb, a, q] for q in range(4)], addr))
+                        self.ld_x(dst, slot, ur, a)
 
     # ---- cross-warp sum, then the epilogue (warp 0) ---------------------------------------------
 

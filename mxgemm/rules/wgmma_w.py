@@ -121,7 +121,9 @@ class WgmmaW(Rule):
         fragment order (``frag``) ran the records' hints 1.01-1.12x faster (24 records, mxfp4 and
         mxfp8_e4m3 fp16, 32-1024 rows, the same bits: ``wgmma_w-frag-ab-*.json``) but are not offered: a
         layer holds its codes once, in the planes' K order, which the ``mma`` kernels of its few-row
-        calls read (an ``mma`` reading fragment order ran 0.73-1.08x at 1-16 rows: ``mma-frag-*``)."""
+        calls read (theirs in fragment order, ``mma.Hints.frag`` with ``occ`` holding the blocks to a
+        wave's, ran the ``mma`` records' hints 0.85-1.07x as fast at 1-32 rows, mean 0.99:
+        ``mma-frag-occ-ab-*.json``)."""
         waves = _blocks(spec, h) * h.splits / _slots(spec, h)
         short = math.ceil(waves) / waves if not h.sk else 1.03 * (1.0 if h.sk == _per_sm(h) else 1.05)
         short *= 1.5 if h.sk and h.mt == 256 else 1.0
