@@ -550,8 +550,9 @@ class _Kernel:
         multipliers of the decoded pairs (:meth:`fold_prologue`: no NaN code there)."""
         T, h = self.T, self.h
         # a slot's codes and activations go to registers all at once (fewer dependent waits), except
-        # with 16 activation rows: one step ahead of the mmas (fewer registers); both measured faster
-        ahead = self.xt_n != 2
+        # with 16 activation rows: one step ahead of the mmas (fewer registers); both measured faster.
+        # frag: all at once (a step's words of 8 rows 128 bytes apart share 8 banks: 4-way conflicts)
+        ahead = self.xt_n != 2 or bool(h.frag)
         nb = h.unroll if ahead else 2
         wreg = T.alloc_buffer((nb, h.nt, 2, len(self.widths), self.words), "uint32", scope="local")
         sreg = T.alloc_buffer((h.nt, 2, h.unroll // 4), "uint32", scope="local")
