@@ -774,13 +774,11 @@ class _Kernel:
                     chunk = self._swizzle(byte // 16, row, rowb // 16)
                     addr = self._smem(slot, off + row * rowb + chunk * 16 + byte % 16)
                     dst = [wreg[ur % nb, t, r, p, q] for q in range(self.words)]
-                    if runs and ur % (16 // w) == 0:  # a 16-byte chunk: steps ur .. ur + 16 / w
-                        dst = [
-                            wreg[(ur + i) % nb, t, r, p, q] for i in range(16 // w) for q in range(self.words)
-                        ]
-                        T.evaluate(ld.v4.b32(*dst, addr))
-                    elif runs:
-                        pass
+                    if runs:  # a 16-byte chunk: steps ur .. ur + 16 / w, read at the first
+                        if ur % (16 // w) == 0:
+                            steps = range(ur, ur + 16 // w)
+                            dst = [wreg[u % nb, t, r, p, q] for u in steps for q in range(self.words)]
+                            T.evaluate(ld.v4.b32(*dst, addr))
                     elif w == 8:
                         T.evaluate(ld.v2.b32(*dst, addr))
                     else:
