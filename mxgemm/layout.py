@@ -5,7 +5,9 @@ and a kernel needs two reads and a funnel shift per element (which also defeats 
 The kernel layout splits each code into planes whose widths divide 8, low bits first (6 = 4 + 2,
 5 = 4 + 1, 3 = 2 + 1, 7 = 4 + 2 + 1); each plane is a portable bitstream of its width, so every
 element is one aligned sub-byte read per plane. 8-, 4- and 2-bit codes are a single plane: the
-portable bytes themselves (no copy).
+portable bytes themselves (no copy). :func:`frag_order` permutes one plane of 4- or 8-bit codes within
+each 128-K group so a tensor-core lane's fragment codes are one run (read by the ``frag`` hints of the
+``mma`` and ``wgmma_w`` kernels; not yet a layout a layer holds).
 """
 
 from __future__ import annotations

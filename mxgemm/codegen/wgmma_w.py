@@ -16,7 +16,9 @@ is added to the accumulator times the rows' block scales.
 The codes are the portable planes that :mod:`~mxgemm.codegen.mma` reads (one plane: 4- or 8-bit
 codes). A wgmma's A fragment wants lane ``j``'s 8 codes of a 32-code step to be those of K ``2j, 2j+1,
 2j+8, 2j+9`` (the step's first k16 wgmma) and ``+16`` (its second), so the activations stay in natural
-K order: each lane loads its rows' 16 (32) bytes of the step and gathers them with ``prmt``.
+K order: each lane loads its rows' 16 (32) bytes of the step and gathers them with ``prmt``. With
+``Hints.frag`` the codes come in fragment order (:func:`~mxgemm.layout.frag_order`): a lane's codes of a
+row's slot are one run, read as they are.
 
 Block: ``wg`` warpgroups (64 weight rows each) × ``mt`` activation rows, over K in slots of 128
 (4 scale steps, 8 wgmmas). A ``cp.async`` ring of ``stages`` slots holds the activations (two
