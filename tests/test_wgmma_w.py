@@ -360,19 +360,13 @@ PREBUILD += [
     for lean2, _ in LEAN2_CASES
     for h in (dataclasses.replace(lean2, lean=1), lean2)
 ]
-PREBUILD += [
+PREBUILD += [  # _assert_same_bits's: each case without its option and with it
     (f, 256, 512, dt, False, h)
     for f in ("mxfp4", "mxfp8_e4m3")
     for dt in ("float16", "bfloat16")
-    for early, _ in EARLY_CASES
-    for h in (dataclasses.replace(early, early=0), early)
-]
-PREBUILD += [
-    (f, 256, 512, dt, False, h)
-    for f in ("mxfp4", "mxfp8_e4m3")
-    for dt in ("float16", "bfloat16")
-    for frag, _ in FRAG_CASES
-    for h in (dataclasses.replace(frag, frag=0), frag)
+    for option, cases in (("early", EARLY_CASES), ("frag", FRAG_CASES))
+    for case, _ in cases
+    for h in (dataclasses.replace(case, **{option: 0}), case)
     if wgmma_w.applies(formats.get(f), 256, 512, dt, h) is None
 ]
 # test_gpu_linear_runs_the_records_kernel's: its record's layer, n, k, bucket and hints

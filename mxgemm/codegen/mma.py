@@ -749,6 +749,8 @@ class _Kernel:
             with T.If(cond):
                 with T.Then():
                     src = self.A.ptr_to([a * 8 + quad, (step0 + ur) * STEP + j * 8])
+                    # (the planes' kernels keep their own form of the same address: their TIR, which the
+                    # tune log's records were restated against, stays as it was)
                     dst = (
                         self._x_addr(slot, ur, a, quad, j)
                         if h.frag
