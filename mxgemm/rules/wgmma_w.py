@@ -100,7 +100,9 @@ class WgmmaW(Rule):
         1.00-1.06x in bf16 (``tune-lean-*.jsonl``; 0.975-0.99x with two warpgroups × 256 rows on
         28672×8192): 0.95. Past 256 rows, 64-row tiles take 1.7x (on 14336×4096 at 1024 rows two
         warpgroups × 64 rows took 1.77x the time of × 256, waves counted:
-        ``msweep-m257-1024-float16-a20512b.jsonl``). Stream-K of 256-row tiles took 1.3-1.9x the time
+        ``msweep-m257-1024-float16-a20512b.jsonl``), and 16- and 32-row tiles, which decode the weights
+        2-4x as often again, are put above that (3.0 and 2.2, not measured: the tuner's budget there
+        goes to the 128- and 256-row tiles). Stream-K of 256-row tiles took 1.3-1.9x the time
         of the same tiles a block each at 256-768 rows (14336×4096 at 256: 101-106 µs against 55;
         ``tune-wide-m-float16-sk256-17ff1c6.jsonl``): 1.5. M tiles of 16 and 32 rows (H100, mxfp4 fp16, 6
         shapes at 16 and 32 rows, ``small-mt-*.json``): stream-K took 1.0-1.4x the time of a block a tile
@@ -127,7 +129,8 @@ class WgmmaW(Rule):
         waves = _blocks(spec, h) * h.splits / _slots(spec, h)
         short = math.ceil(waves) / waves if not h.sk else 1.03 * (1.0 if h.sk == _per_sm(h) else 1.05)
         short *= 1.5 if h.sk and h.mt == 256 else 1.0
-        tile = {16: 0.7, 32: 0.8, 64: 1.7 if spec.m_bucket > 256 else 1.0, 128: 1.1, 256: 0.85}[h.mt]
+        wide = spec.m_bucket > 256  # (16- to 64-row tiles decode the weights many times over there)
+        tile = {16: (0.7, 3.0), 32: (0.8, 2.2), 64: (1.0, 1.7), 128: (1.1,) * 2, 256: (0.85,) * 2}[h.mt][wide]
         tile *= max(1.0, 0.75 * min(spec.m_bucket, 64) / h.mt)  # small tiles: the weights decoded again
         measured = (1.0 + 0.1 * (h.wg - 1)) * tile * (1.0 if h.double else 1.15)
         ring = (0.9 if h.wg > 1 else 1.1) if h.ring else 1.0
