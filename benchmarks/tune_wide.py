@@ -6,7 +6,7 @@ by a producer warpgroup (at 256-1024 rows 0.89-0.94x warp 0's time), and 128-row
 (``mxgemm tune``) spends its budget on the default's twins, which differ in flags only; this round
 wants the tiles and splits. Measure and merge with ``mxgemm tune --measure DIR`` / ``--merge DIR``.
 
-    python benchmarks/tune_wide.py DIR [--formats mxfp4 --dtypes float16,bfloat16 --m 384,512]
+    python benchmarks/tune_wide.py DIR [--formats mxfp4 --dtypes bfloat16 --m 384,512 --shapes 1024,4096]
 """
 
 from __future__ import annotations
@@ -48,11 +48,13 @@ def main() -> None:
     ap.add_argument("--formats", default="mxfp4")
     ap.add_argument("--dtypes", default="float16,bfloat16")
     ap.add_argument("--m", default="384,512,640,768,896,1024")
+    ap.add_argument("--shapes", nargs="*", default=[f"{n},{k}" for n, k in SHAPES], help="N,K pairs")
     ap.add_argument("--jobs", type=int, default=2)
     a = ap.parse_args()
     todo = []
     for dtype in a.dtypes.split(","):
-        t, _ = tune.tasks(SHAPES, a.formats.split(","), [int(m) for m in a.m.split(",")], dtype, "sm_90")
+        shapes = [tuple(int(v) for v in s.split(",")) for s in a.shapes]
+        t, _ = tune.tasks(shapes, a.formats.split(","), [int(m) for m in a.m.split(",")], dtype, "sm_90")
         todo += t
     tune.candidates = candidates  # the round's candidates (see the module docstring)
     n = sum(len(candidates(t, 0)) for t in todo)
