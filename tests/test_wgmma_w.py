@@ -93,6 +93,28 @@ def test_split_k_runs_only_where_the_grid_is_short():
     assert rule.default_hints(spec(28672, 8192, 64)).splits == 1
 
 
+@pytest.mark.parametrize(("bucket", "evens"), [(1024, True), (896, True), (512, False)])
+def test_wide_buckets_split_in_a_cluster_where_it_fills_the_last_wave(bucket, evens):
+    """Past 256 rows a full grid is split in two (a cluster) only where the split grid's last wave is
+    fuller: 14336×4096 with 256-row tiles of two warpgroups is 112 × 4 blocks at 1024 rows (3.4
+    waves of 132: 4 run), split 6.8 (7 run); at 512 rows 224 blocks (1.7 waves, 2 run) split to 3.4
+    (4 run) gains nothing. The cost model ranks 16- to 64-row tiles, which decode the weights again
+    for every tile, below 128- and 256-row ones there."""
+    rule = rules.get("wgmma_w")
+    sm90 = targets.cuda("sm_90")
+    wide = builder.KernelSpec("mxfp4", 14336, 4096, bucket, "float16", "float16", False, 32, sm90)
+    base = wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=2, lean=2, early=1)
+    split = dataclasses.replace(base, splits=2, cluster=1)
+    cands = rule.candidates(wide)
+    assert base in cands
+    assert (split in cands) is evens
+    assert not any(h.splits > 1 and not h.cluster for h in cands if h.mt == 256)  # the grid is not short
+    if evens:
+        assert rule.cost(wide, split) < rule.cost(wide, base)
+    best = min(cands, key=lambda h: rule.cost(wide, h))
+    assert best.mt >= 128
+
+
 def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
     """TMA completes on the ring's barriers: no candidate asks for it without them; a recorded hint
     set's twin is itself with the ring and both loads by TMA (the tuner measures it beside it)."""
