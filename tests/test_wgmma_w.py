@@ -346,6 +346,11 @@ GPU_TILES += [(CLUSTER, 150), (CLUSTER_SMALL, 37), (CLUSTER_BIG, 300)]
 CLUSTER_CASES = [(CLUSTER, 150, 512), (CLUSTER_SMALL, 37, 512), (CLUSTER_BIG, 300, 512)]
 CLUSTER_8 = wgmma_w.Hints(2, 4, 0, mt=64, splits=8, ring=1, tma=2, prod=2, lean=2, cluster=1)
 CLUSTER_CASES += [(CLUSTER_8, 100, 2048)]
+# the wide buckets' records (384-1024 rows): 256-row tiles of two warpgroups split in a cluster, lean 2,
+# early, a producer warpgroup (300 rows: a full M tile and 44 rows of another)
+CLUSTER_WIDE = wgmma_w.Hints(2, 3, 1, mt=256, splits=2, ring=1, tma=2, prod=2, lean=2, cluster=1, early=1)
+GPU_TILES += [(CLUSTER_WIDE, 300)]
+CLUSTER_CASES += [(CLUSTER_WIDE, 300, 512)]
 # test_gpu_lean_2_gives_lean_1s_bits's: lean 2 against its lean-1 twin (mxfp4, no bias)
 LEAN2_CASES = [(LEAN2, 300), (LEAN2_SK, 150), (LEAN2_SPLIT, 77)]
 # the ring's first loads before the scale scan: a producer warpgroup (the others vote on barrier 1) and
@@ -396,8 +401,10 @@ LINEAR = ("mxfp4", 512, 1024, 128, wgmma_w.Hints(2, 4, 1, mt=64, splits=2, ring=
 LINEAR_384 = ("mxfp4", 512, 1024, 384, wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=2, lean=1))
 LINEAR_32 = ("mxfp4", 512, 1024, 32, wgmma_w.Hints(2, 4, 1, mt=32, ring=1, tma=2, prod=2, lean=2))
 LINEAR_CLUSTER = ("mxfp4", 512, 1024, 128, dataclasses.replace(LINEAR[4], lean=2, cluster=1))
-LINEARS = (LINEAR, LINEAR_384, LINEAR_32, LINEAR_CLUSTER)
-ROWS = {128: 100, 384: 300, 32: 20}  # the rows test_gpu_linear_runs_the_records_kernel calls each with
+LINEAR_512 = ("mxfp4", 512, 1024, 512, CLUSTER_WIDE)
+LINEARS = (LINEAR, LINEAR_384, LINEAR_32, LINEAR_CLUSTER, LINEAR_512)
+# the rows test_gpu_linear_runs_the_records_kernel calls each with
+ROWS = {128: 100, 384: 300, 32: 20, 512: 400}
 hopper = pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
     reason="needs a Hopper GPU",
@@ -642,7 +649,8 @@ def test_a_records_kernel_is_built_for_sm_90a(tmp_path, monkeypatch):
 def test_gpu_linear_runs_the_records_kernel(tmp_path, monkeypatch, dtype, record):
     """``mxgemm.linear`` with a ``wgmma_w`` record, at 100 rows (split K: its workspace comes from TVM's
     pool; or its parts added across a cluster of 2 blocks, launched as one, in a CUDA graph too), at
-    300 (bucket 384, 256-row tiles) and at 20 (bucket 32, a part-filled 32-row tile): the
+    300 (bucket 384, 256-row tiles), at 400 (bucket 512, 256-row tiles split in a cluster) and at 20
+    (bucket 32, a part-filled 32-row tile): the
     record's kernel, against the oracle's float64 product, one-hot rows bit for bit, and a CUDA
     graph's replay equal to the eager call."""
     (fmt, n, k, bucket, hints), m = record, ROWS[record[3]]
