@@ -1,7 +1,7 @@
 """Build a re-tune of the wide buckets (384 ... 1024 rows) with the ``wgmma_w`` options that came after
 their last round (two splits added in a cluster, ``lean`` 2, ``early``): per task the log's record, and
 256- and 128-row tiles unsplit and split in a cluster of 2 (where the rule offers it), the ring refilled
-by a producer warpgroup (at 256-1024 rows 0.89-0.94x warp 0's time), and 128-row tiles on stream-K
+by a producer warpgroup (0.89-0.94x the time of every thread refilling it), and 128-row tiles on stream-K
 (256-row ones took 1.3-1.9x the time there); decode + cuBLAS beside them. The tuner's own pick
 (``mxgemm tune``) spends its budget on the default's twins, which differ in flags only; this round
 wants the tiles and splits. Measure and merge with ``mxgemm tune --measure DIR`` / ``--merge DIR``.
