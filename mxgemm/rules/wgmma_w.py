@@ -127,8 +127,8 @@ class WgmmaW(Rule):
         calls read (theirs in fragment order, ``mma.Hints.frag`` with ``occ`` holding the blocks to a
         wave's, ran the ``mma`` records' hints 0.85-1.07x as fast at 1-32 rows, mean 0.99:
         ``mma-frag-occ-ab-*.json``)."""
-        waves = _blocks(spec, h) * h.splits / _slots(spec, h)
-        short = math.ceil(waves) / waves if not h.sk else 1.03 * (1.0 if h.sk == _per_sm(h) else 1.05)
+        short = _tail(_blocks(spec, h) * h.splits, _slots(spec, h))
+        short = short if not h.sk else 1.03 * (1.0 if h.sk == _per_sm(h) else 1.05)
         short *= 1.5 if h.sk and h.mt == 256 else 1.0
         wide = spec.m_bucket > 256  # (16- to 64-row tiles decode the weights many times over there)
         tile = {16: (0.7, 3.0), 32: (0.8, 2.2), 64: (1.0, 1.7), 128: (1.1,) * 2, 256: (0.85,) * 2}[h.mt][wide]
@@ -206,7 +206,13 @@ def _evens(spec: Any, h: Hints) -> bool:
     if not (h.cluster and spec.m_bucket > 256):
         return False
     blocks, slots = _blocks(spec, h), _slots(spec, h)
-    return math.ceil(2 * blocks / slots) / (2 * blocks) < math.ceil(blocks / slots) / blocks
+    return _tail(2 * blocks, slots) < _tail(blocks, slots)
+
+
+def _tail(blocks: int, slots: int) -> float:
+    """Whole waves a grid of ``blocks`` on ``slots`` runs, over the waves' work (1: a full last wave)."""
+    waves = blocks / slots
+    return math.ceil(waves) / waves
 
 
 def _per_sm(h: Hints) -> int:
