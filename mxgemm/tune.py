@@ -15,6 +15,7 @@ Tasks the log already has (same versions) are skipped, so an interrupted run res
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import statistics
@@ -113,11 +114,12 @@ def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[s
 def candidates(task: Task, budget: int) -> list[tuple[str, dict[str, Any]]]:
     """(rule, hints) to measure: the routed rule's defaults first, the hints of the logs' record for
     the task (a re-tune is measured against what it would replace, in the same run) and, for bf16, of
-    the fp16 record, their twins (:meth:`~mxgemm.rules.base.Rule.twins`: the same kernels with a new
-    option on; the records' before the defaults', so a cut budget keeps what a re-tune is for), then
-    up to ``budget`` in all with other hints that fit the shape, cheapest first by its cost model;
-    then as many of each rule that serves the task but that the router does not try untuned
-    (:func:`mxgemm.rules.rivals`), chosen alike (deterministic)."""
+    the fp16 record; then, in turns, a twin of those (:meth:`~mxgemm.rules.base.Rule.twins`: the same
+    kernel with a new option on; the records' before the defaults') and the cheapest hints of a
+    structure not taken yet (:attr:`~mxgemm.rules.base.Rule.structure`: tiles, warps, splits; cheapest
+    by the rule's cost model), so a small budget tries new kernels as well as new options; then the
+    rest, cheapest first; ``budget`` in all. Then as many of each rule that serves the task but that
+    the router does not try untuned (:func:`mxgemm.rules.rivals`), chosen alike (deterministic)."""
     from mxgemm import rules
 
     spec = task.spec()
@@ -125,19 +127,20 @@ def candidates(task: Task, budget: int) -> list[tuple[str, dict[str, Any]]]:
     for rule in rules.tunable(spec):
         default = rule.default_hints(spec)
         tuned = [h for h in (_recorded(task, rule), _fp16_twin(task, rule)) if h is not None]
-        seeds = [h for h in (default, *tuned) if h is not None]
+        seeds = list(dict.fromkeys(h for h in (default, *tuned) if h is not None))
         twins = [t for h in (*tuned, default) if h is not None for t in rule.twins(spec, h)]
-        seeds = list(dict.fromkeys(seeds + twins))
+        twins = [t for t in dict.fromkeys(twins) if t not in seeds]
         rest = sorted((h for h in rule.candidates(spec) if h not in seeds), key=lambda h: rule.cost(spec, h))
-        out += [(rule.name, h.to_dict()) for h in _diverse(seeds, rest, max(1, budget))]
+        out += [(rule.name, h.to_dict()) for h in _spread(rule, seeds, twins, rest, max(1, budget))]
     return out
 
 
-def _diverse(seeds: list, ranked: list, budget: int) -> list:
-    """``seeds``, then the first of ``ranked`` (cheapest first) of each new shape, its hints less the
-    on/off flags (hints whose every candidate is 0 or 1), then the rest in order, ``budget`` in all:
-    the near-ties of a cost model (one kernel with its flags flipped) do not fill the budget alone."""
-    fields = (
+def _spread(rule, seeds: list, twins: list, ranked: list, budget: int) -> list:
+    """``seeds``, then a twin and a new structure in turns (the first of ``ranked``, cheapest first,
+    whose :attr:`~mxgemm.rules.base.Rule.structure` fields no taken hints share), then the rest of
+    ``ranked`` in order; ``budget`` in all, no hints twice. A rule without ``structure`` fields: its
+    hints that take values other than 0 and 1 (on/off flags are options, not structure)."""
+    fields = rule.structure or (
         [f for f in ranked[0].to_dict() if any(h.to_dict()[f] not in (0, 1) for h in ranked)]
         if ranked
         else []
@@ -147,12 +150,19 @@ def _diverse(seeds: list, ranked: list, budget: int) -> list:
         return tuple(h.to_dict()[f] for f in fields)
 
     taken = seeds[:budget]
-    seen = {shape(h) for h in taken}
-    for h in ranked:
-        if len(taken) < budget and shape(h) not in seen:
-            taken.append(h)
-            seen.add(shape(h))
-    return taken + [h for h in ranked if h not in taken][: budget - len(taken)]
+    twins = iter(twins)
+    while len(taken) < budget:
+        twin = next((t for t in twins if t not in taken), None)
+        if twin is not None:
+            taken.append(twin)
+        seen = {shape(h) for h in taken}
+        fresh = next((h for h in ranked if shape(h) not in seen), None)
+        if fresh is not None and len(taken) < budget:
+            taken.append(fresh)
+        if twin is None and fresh is None:
+            break
+    taken += [h for h in ranked if h not in taken][: budget - len(taken)]
+    return taken
 
 
 def _fp16_twin(task: Task, rule) -> Any:

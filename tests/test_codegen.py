@@ -493,14 +493,15 @@ def test_mma_hints_shape_the_kernel():
 @pytest.mark.nvcc
 def test_mma_bf16_finishes_each_pair_with_one_fma():
     """bf16 activations: bf16 mmas, and each decoded pair of float codes (and of integer codes of ≤ 7
-    bits) gets exactly one ``fma.rn.bf16x2`` with :func:`~mxgemm.codegen.pairs.bf16_fma`'s operands;
-    e5m2 (widened from fp16, keeping inf/NaN) and 8-bit integers (through fp32) get none; fp16 none."""
+    bits) gets exactly one ``fma.rn.bf16x2`` with :func:`~mxgemm.codegen.pairs.bf16_fma`'s operands,
+    8-bit integers too (their addend ``-128`` or ``-256`` taken from the pair's bit 7, no fp32 on the
+    way); e5m2 (widened from fp16, keeping inf/NaN) gets none; fp16 none."""
     hints = {"nt": 1, "kw": 4, "unroll": 4, "stages": 0}  # 4 steps × 2 mmas × 4 pairs, twice
     for fmt, dtype, fmas in (
         ("mxfp4", "bfloat16", 2 * 4 * 2 * 4),
         ("bfp5", "bfloat16", 2 * 4 * 2 * 4),
         ("mxfp8_e5m2", "bfloat16", 0),
-        ("mxint8", "bfloat16", 0),
+        ("mxint8", "bfloat16", 2 * 4 * 2 * 4),
         ("mxfp4", "float16", 0),
     ):
         k = mxgemm.build(
@@ -512,8 +513,10 @@ def test_mma_bf16_finishes_each_pair_with_one_fma():
         assert body.count("fma_half_rn_bf16x2(") == fmas, (fmt, dtype)
         fma = pairs.bf16_fma(mxgemm.formats.get(fmt), dtype)
         assert (fma is None) == (fmas == 0)
-        if fma is not None:
-            assert f"(uint){fma[0]}, (uint){fma[1]})" in body
+        if fma is not None and not fma.sign:
+            assert f"(uint){fma.b}, (uint){fma.c})" in body
+        elif fma is not None:
+            assert f"(uint){fma.b}, (" in body and f"(uint){fma.sign}) | (uint){fma.c}))" in body
 
 
 @pytest.mark.nvcc

@@ -51,11 +51,14 @@ def _decode_fn(fmt, cases: int, left: bool, dtype: str, quad: bool = False):
     return tvm.compile(tvm.IRModule({"main": ib.get()}), target="llvm")["main"]
 
 
-def _fma_bf16x2(a: np.ndarray, b: int, c: int) -> np.ndarray:
-    """PTX ``fma.rn.bf16x2 d, a, b, c`` on uint32 words (float64 holds every product and sum of
-    these operands exactly, so one rounding to bf16 is the instruction's)."""
+def _fma_bf16x2(a: np.ndarray, fin: pairs.Finish) -> np.ndarray:
+    """PTX ``fma.rn.bf16x2 d, a & ~sign, b, c | (a & sign)`` (:class:`pairs.Finish`) on uint32 words
+    (float64 holds every product and sum of these operands exactly, so one rounding to bf16 is the
+    instruction's)."""
     lanes = lambda w: np.asarray(w, np.uint32).reshape(-1, 1).view(ml_dtypes.bfloat16)  # noqa: E731
-    d = lanes(a).astype(np.float64) * lanes(b).astype(np.float64) + lanes(c).astype(np.float64)
+    a = np.asarray(a, np.uint32)
+    x, c = a & np.uint32(~fin.sign & 0xFFFFFFFF), a & np.uint32(fin.sign) | np.uint32(fin.c)
+    d = lanes(x).astype(np.float64) * lanes(fin.b).astype(np.float64) + lanes(c).astype(np.float64)
     return d.astype(ml_dtypes.bfloat16).view(np.uint32).reshape(a.shape)
 
 
@@ -86,7 +89,7 @@ def test_every_code_pair_bit_exact(name, dtype, how):
     _decode_fn(fmt, codes.shape[0], how == "left", dtype, how == "quad")(w_t, o_t)
     raw = o_t.numpy()
     if (fma := pairs.bf16_fma(fmt, dtype)) is not None:
-        raw = _fma_bf16x2(raw, *fma)
+        raw = _fma_bf16x2(raw, fma)
     with np.errstate(invalid="ignore"):  # e5m2's NaN/inf codes decode to NaN/inf: NaN × factor
         got = raw.view(NP_DTYPES[dtype]).reshape(-1, 8).astype(np.float64) * pairs.out_factor(fmt)
     want = oracle.decode(codes, spec)
@@ -116,7 +119,7 @@ def test_folded_scale_keeps_every_pair_exact(name, dtype):
     raw = o_t.numpy()
     fma = pairs.bf16_fma(fmt, dtype)
     if fma is not None and not fold.merged:  # integer codes: the magic number, then the multiplier
-        raw = _fma_bf16x2(raw, *fma)
+        raw = _fma_bf16x2(raw, fma)
     with np.errstate(invalid="ignore"):  # e5m2's NaN codes
         lanes = raw.view(NP_DTYPES[dtype]).reshape(-1).astype(np.float64)
     want = oracle.decode(codes, spec).reshape(-1)

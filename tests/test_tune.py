@@ -108,6 +108,27 @@ def test_candidates_deterministic_and_valid(arch, fmt, m_bucket, dtype, rule):
     assert all(rule.fits(rule.Hints(**c), task.n, task.k, *([f] if rule is gemv else [])) for c in cands)
 
 
+@pytest.mark.parametrize(("m_bucket", "name"), [(512, "wgmma_w"), (16, "mma"), (64, "wgmma_w")])
+def test_a_budget_spreads_over_new_structures_and_option_twins(tmp_path, monkeypatch, m_bucket, name):
+    """After the defaults (no record: a shape the logs lack), a budget alternates a twin of them (the
+    same kernel with a new option on) and the cheapest hints of a structure not taken yet (its tiles,
+    warps and splits: :attr:`Rule.structure`), so a small budget measures new kernels, not only the
+    defaults' option flips; every candidate valid, none twice."""
+    monkeypatch.setenv("MXGEMM_TUNE_LOG", str(tmp_path / "none.json"))
+    task = tune.Task("mxfp4", 6144, 4096, m_bucket, "float16", "sm_90")
+    spec, rule = task.spec(), rules.get(name)
+    assert tunelog.lookup(task.key(), tune._build_versions("sm_90")) is None
+    got = [rule.typed(h) for r, h in tune.candidates(task, 8) if r == name]
+    assert len(got) == 8 and len(set(got)) == 8 and all(h in rule.candidates(spec) for h in got)
+    shape = lambda h: tuple(getattr(h, f) for f in rule.structure)  # noqa: E731
+    default = rule.default_hints(spec)
+    twins = rule.twins(spec, default)
+    assert got[0] == default and twins and rule.structure and got[1] == twins[0]
+    ranked = sorted(rule.candidates(spec), key=lambda h: rule.cost(spec, h))
+    assert got[2] == next(h for h in ranked if shape(h) not in {shape(got[0]), shape(got[1])})
+    assert len({shape(h) for h in got}) >= 4 and sum(h in twins for h in got) >= min(len(twins), 3)
+
+
 @pytest.mark.nvcc
 def test_every_gemv_candidate_builds():
     task = tune.Task("mxfp8_e4m3", 256, 2048, 1, "bfloat16", "sm_90")  # gemv: 8-bit codes, one row

@@ -325,7 +325,7 @@ class _Kernel:
             T.buffer_store(self.afr, pair, [t, g, q])
             a = self.afr[t, g, q]
             if factor is None and self.fma is not None:
-                T.evaluate(T.ptx.fma.rn.bf16x2(a, a, u32(self.fma[0]), u32(self.fma[1])))
+                T.evaluate(T.ptx.fma.rn.bf16x2(a, *self.fma.operands(a)))
             elif factor is not None:
                 self.fold_pair(a, fac[t, q % 2])
         if factor is not None:
@@ -354,7 +354,7 @@ class _Kernel:
         T, fold = self.T, self.fold
         fma = T.ptx.fma.rn.f16x2 if self.a_dtype == "float16" else T.ptx.fma.rn.bf16x2
         if self.fma is not None and not fold.merged:  # integer codes: the magic number first
-            T.evaluate(fma(a, a, u32(self.fma[0]), u32(self.fma[1])))
+            T.evaluate(fma(a, *self.fma.operands(a)))
         T.evaluate(fma(a, a, f, u32(0x80008000)))  # a f + -0: keeps the sign of zero
 
     def mma_pair(self, t, a, acc) -> None:

@@ -24,8 +24,9 @@ two scalar ops):
   is inf/NaN, is decoded to fp16 and widened exactly instead (two ``cvt`` and a ``prmt``), so its
   specials stay inf/NaN;
 - integer codes of up to 7 bits: the magic number 128.0 (7 mantissa bits), subtracted by the fma;
-  8-bit codes go through fp32 (``2**23 + u`` by a ``prmt`` each, one exact fp32 subtraction each),
-  whose top halves are the bf16 pair (one ``prmt``).
+  8-bit codes, one bit too many for it: the low 7 bits in the magic number's mantissa (``128 + lo``)
+  and the sign bit left at bit 7 of the word, where the fma's addend takes it from: ``-128`` or, with
+  bit 7 (bf16's lowest exponent bit) set, ``-256`` (:class:`Finish`: two ``lop3`` and the fma).
 """
 
 from __future__ import annotations
@@ -139,14 +140,8 @@ def decode_pair(
     if fmt.kind == "float":
         return bits
     half = 2 ** (fmt.bits - 1)
-    if bf16 and fmt.bits == 8:  # 2**23 + u in each fp32, minus 2**23 + half: q, exact
-        u = bits ^ _rep(half)
-        q = [
-            tirx.reinterpret("float32", prmt(u, u32(0x4B000000), sel, cuda))
-            - tirx.const(2.0**23 + half, "float32")
-            for sel in (0x7650, 0x7652)
-        ]
-        return prmt(tirx.reinterpret(U32, q[0]), tirx.reinterpret(U32, q[1]), 0x7632, cuda)
+    if bf16 and fmt.bits == 8:  # 128 + the low 7 bits, the sign bit kept at bit 7 (Finish.sign)
+        return bits | _rep(0x4300)
     one = 0x4300 if bf16 else 0x6400  # 2**mant: the magic number whose mantissa holds the code
     biased = (bits ^ _rep(half)) | _rep(one)  # 2**mant + half + q in each lane
     if bf16:
@@ -177,15 +172,35 @@ def decode_quad(fmt: Format, word: PrimExpr, cuda: bool = True) -> list[PrimExpr
     return [*out, prmt(hi_z, lo, 0x3070, cuda)]
 
 
-def bf16_fma(fmt: Format, dtype: str) -> tuple[int, int] | None:
-    """(b, c): the bf16x2 words of the exact ``fma.rn.bf16x2 d, a, b, c`` (d = a b + c) that finishes
-    a :func:`decode_pair` ``a`` of ``fmt`` in ``dtype``; None when the pair needs none. Floats: times
-    ``2**112`` plus -0 (keeps -0); integers of ≤ 7 bits: times 1 minus the magic ``128 + 2**(bits-1)``."""
-    if dtype != "bfloat16" or fmt.specials == "ieee" or fmt.kind == "int" and fmt.bits == 8:
+@dataclass(frozen=True)
+class Finish:
+    """The exact ``fma.rn.bf16x2 d, a & ~sign, b, c | (a & sign)`` (bf16x2 words; d = a b + c) that
+    finishes a :func:`decode_pair` ``a``. ``sign``: bits of ``a`` that select the addend (8-bit
+    integer codes: the code's sign bit at bit 7 of each half, which turns ``-128`` into ``-256``)."""
+
+    b: int
+    c: int
+    sign: int = 0
+
+    def operands(self, a: PrimExpr) -> tuple[PrimExpr, PrimExpr, PrimExpr]:
+        """(a, b, c) of the fma for the pair ``a`` (uint32)."""
+        if not self.sign:
+            return a, u32(self.b), u32(self.c)
+        return a & u32(~self.sign & 0xFFFFFFFF), u32(self.b), a & u32(self.sign) | u32(self.c)
+
+
+def bf16_fma(fmt: Format, dtype: str) -> Finish | None:
+    """The :class:`Finish` of a :func:`decode_pair` of ``fmt`` in ``dtype``; None when the pair needs
+    none. Floats: times ``2**112`` plus -0 (keeps -0); integers of ≤ 7 bits: times 1 minus the magic
+    ``128 + 2**(bits-1)``; 8-bit integers (``128 + lo``, the sign at bit 7): times 1 minus 128, or 256
+    where the sign bit is set."""
+    if dtype != "bfloat16" or fmt.specials == "ieee":
         return None
     if fmt.kind == "float":
-        return _bf16x2(2.0**112), _bf16x2(-0.0)
-    return _bf16x2(1.0), _bf16x2(-(2.0**7 + 2 ** (fmt.bits - 1)))
+        return Finish(_bf16x2(2.0**112), _bf16x2(-0.0))
+    if fmt.bits == 8:
+        return Finish(_bf16x2(1.0), _bf16x2(-(2.0**7)), sign=0x00800080)
+    return Finish(_bf16x2(1.0), _bf16x2(-(2.0**7 + 2 ** (fmt.bits - 1))))
 
 
 def _bf16x2(x: float) -> int:

@@ -712,7 +712,7 @@ class _Kernel:
                 T.buffer_store(self.afr, pair, [buf, u, g, q])
                 a = self.afr[buf, u, g, q]
                 if self.fma is not None and not (fold and self.fold.merged):  # the magic number
-                    T.evaluate(fma(a, a, u32(self.fma[0]), u32(self.fma[1])))
+                    T.evaluate(fma(a, *self.fma.operands(a)))
                 if fold:
                     T.evaluate(fma(a, a, fac[q % 2], u32(0x80008000)))  # a f + -0: keeps -0
 

@@ -42,6 +42,10 @@ class Rule:
     # False: the router never picks the rule untuned; it runs where a tune record names it (a rule that
     # wins on some shapes only; the tuner measures it beside the routed rule, :func:`mxgemm.rules.rivals`)
     routed: ClassVar[bool] = True
+    # the hint fields that make a kernel's structure (tiles, warps, splits) rather than an option of
+    # it: the tuner spends part of a budget on structures its seeds lack (() : every field whose
+    # candidates take values other than 0 and 1)
+    structure: ClassVar[tuple[str, ...]] = ()
 
     def applies(self, spec: Any) -> bool:
         """Whether the rule makes a kernel for ``spec`` (its real block size, target and bucket) with

@@ -75,6 +75,7 @@ class Mma(Rule):
 
     name = "mma"
     Hints = Hints
+    structure = ("nt", "kw", "kn", "mw")
 
     @staticmethod
     def _serves(spec: Any) -> bool:

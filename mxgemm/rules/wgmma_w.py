@@ -32,6 +32,7 @@ class WgmmaW(Rule):
     name = "wgmma_w"
     Hints = Hints
     routed = False
+    structure = ("wg", "mt", "splits", "sk", "cluster")
 
     @staticmethod
     def _serves(spec: Any) -> bool:
