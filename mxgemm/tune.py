@@ -15,7 +15,6 @@ Tasks the log already has (same versions) are skipped, so an interrupted run res
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import statistics
