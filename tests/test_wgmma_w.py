@@ -7,6 +7,7 @@ rows bit for bit (which also pins the K order each lane gathers from the portabl
 """
 
 import dataclasses
+import itertools
 import re
 import subprocess
 
@@ -133,8 +134,9 @@ def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
     # each leaner (the record itself first: the same kernel in fewer instructions; then it with its
     # outputs scaled by a multiply, lean 2)
     lean = lambda *hs, n=1: [dataclasses.replace(h, lean=n) for h in hs]  # noqa: E731
-    # and first, the record with the ring's first loads issued before its scale scan (early)
-    early = lambda h: [dataclasses.replace(h, early=1)]  # noqa: E731
+    # and first, the record launched with programmatic dependent launch (pdl), then with the ring's
+    # first loads issued before its scale scan (early)
+    early = lambda h: [dataclasses.replace(h, pdl=1), dataclasses.replace(h, early=1)]  # noqa: E731
     assert rule.twins(spec, plain) == early(plain) + lean(plain) + lean(plain, n=2) + lean(
         tma, warp0, producer, sk
     )
@@ -145,20 +147,20 @@ def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
     )
     leaner = lean(producer)[0]
     assert rule.twins(spec, leaner) == early(leaner) + lean(producer, n=2) + lean(tma, warp0, sk2)
-    # (no split here: neither it leaner, nor early, nor a TMA twin)
+    # (no split here: neither it leaner, nor early, pdl or a TMA twin)
     small = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, ring=1, tma=1)
     assert rule.twins(spec, small) == lean(  # and on 128-row tiles (two such blocks do not fit an SM)
         *(wgmma_w.Hints(1, 4, 1, mt=64, ring=1, tma=1, sk=sk) for sk in (1, 2)),
         wgmma_w.Hints(1, 4, 1, mt=128, ring=1, tma=1, sk=1),
     )
-    assert rule.twins(spec, sk)[0].sk and not any(t.early for t in rule.twins(spec, sk))  # (it scans late)
+    assert rule.twins(spec, sk)[0].sk and not any(t.early or t.pdl for t in rule.twins(spec, sk))
     assert rule.default_hints(spec).tma == 2  # what the H100 measured fastest with two warpgroups
     # a split record's second twin: split in two, the parts added in a cluster's shared memory (4096² at
     # 128 rows: 32 blocks of 128 weight rows, short of the 132 SMs)
     short = builder.KernelSpec("mxfp4", 4096, 4096, 128, "float16", "float16", False, 32, sm90)
     for splits in (2, 4):
         split = wgmma_w.Hints(2, 4, 1, mt=64, splits=splits, ring=1, tma=2, lean=2)
-        assert rule.twins(short, split)[1] == dataclasses.replace(split, cluster=1, splits=2)
+        assert rule.twins(short, split)[2] == dataclasses.replace(split, cluster=1, splits=2)
     assert rule.default_hints(spec).lean == 1
 
 
@@ -366,6 +368,11 @@ FRAG_PLAIN = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, frag=1)
 FRAG_BIG = wgmma_w.Hints(1, 3, 1, mt=256, ring=1, tma=2, frag=1)
 FRAG_CASES = [(FRAG, 77), (FRAG_PLAIN, 37), (FRAG_BIG, 300)]
 GPU_TILES += FRAG_CASES
+# programmatic dependent launch: a split K's second kernel (the scale scan before the wait), a cluster
+# of 2 splits with the ring's first loads before the scan, the block-barrier ring of every thread
+PDL = wgmma_w.Hints(2, 4, 1, mt=64, splits=2, ring=1, tma=2, prod=2, lean=2, pdl=1)
+PDL_CASES = [(PDL, 77), (dataclasses.replace(EARLY, pdl=1), 77), (wgmma_w.Hints(1, 4, 1, mt=64, pdl=1), 37)]
+PDL_N = 512  # test_gpu_pdl_chain's layer: n = k, each launch reading the output of the one before
 # the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu
 PREBUILD = [
     (f, 256, 512, dt, True, h)
@@ -391,11 +398,12 @@ PREBUILD += [  # _assert_same_bits's: each case without its option and with it
     (f, 256, 512, dt, False, h)
     for f in ("mxfp4", "mxfp8_e4m3")
     for dt in ("float16", "bfloat16")
-    for option, cases in (("early", EARLY_CASES), ("frag", FRAG_CASES))
+    for option, cases in (("early", EARLY_CASES), ("frag", FRAG_CASES), ("pdl", PDL_CASES))
     for case, _ in cases
     for h in (dataclasses.replace(case, **{option: 0}), case)
     if wgmma_w.applies(formats.get(f), 256, 512, dt, h) is None
 ]
+PREBUILD += [("mxfp4", PDL_N, PDL_N, dt, False, h) for dt in ("float16", "bfloat16") for h, _ in PDL_CASES]
 # test_gpu_linear_runs_the_records_kernel's: its record's layer, n, k, bucket and hints
 LINEAR = ("mxfp4", 512, 1024, 128, wgmma_w.Hints(2, 4, 1, mt=64, splits=2, ring=1, tma=2))
 LINEAR_384 = ("mxfp4", 512, 1024, 384, wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=2, lean=1))
@@ -545,6 +553,86 @@ def test_gpu_frag_gives_the_same_bits(fmt, dtype, frag, m, fold):
     each lane's words as they are instead of gathered from the planes' K order, the same pairs into
     the same wgmmas, so the same bits, with rows that fold and (``fold`` False) a block that does not."""
     _assert_same_bits(fmt, dtype, frag, dataclasses.replace(frag, frag=0), m, fold, seed=6)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize(("case", "scan_first"), [(0, True), (1, False), (2, True)])
+def test_pdl_waits_before_it_reads_activations(tmp_path, case, scan_first):
+    """``pdl``: the kernels carry TVM's programmatic-dependent-launch tag; the main kernel lets the next
+    one start, prefetches its first slots' codes into L2 and (``early`` 0) scans its scale codes,
+    then waits for the previous kernel before any load of activations (TMA or cp.async); a split K's
+    second kernel waits before it reads the partial sums."""
+    import tvm
+
+    from mxgemm.codegen import nvcc
+    from mxgemm.codegen.wgmma import TARGET
+
+    hints = PDL_CASES[case][0]
+    f = wgmma_w.kernel(formats.get("mxfp4"), n=512, k=512, out_dtype="float16", bias=False, a_dtype="float16",
+                       hints=hints)  # fmt: skip
+    meta = builder.compile_export(tvm.IRModule({"main": f}), TARGET, tmp_path / "k.so")
+    assert nvcc.PDL.encode() in (tmp_path / "k.so").read_bytes()
+    starts = [m.start() for m in re.finditer("__global__", meta["source"])]
+    bodies = [meta["source"][a:b] for a, b in zip(starts, [*starts[1:], None], strict=True)]
+    bodies = [b for b in bodies if -1 < b.find("{") < b.find(";")]  # definitions, not declarations
+    main = max(bodies, key=lambda b: b.count("wgmma"))
+    at = main.find
+    loads = [i for i in (at("cp_async_bulk_tensor"), at("cp_async_cg")) if i >= 0]
+    assert -1 < at("griddepcontrol_launch_dependents()") < at("prefetch_global_L2(") < at("griddepcontrol_wait()")
+    assert at("griddepcontrol_wait()") < min(loads) and main.count("griddepcontrol_wait()") == 1
+    assert (at("__vmaxu4") < at("griddepcontrol_wait()")) is scan_first
+    others = [b for b in bodies if b is not main]
+    assert len(others) == (hints.splits > 1 and not hints.cluster)
+    assert all(-1 < b.find("griddepcontrol_wait()") < b.find("_ptr_1[") for b in others)  # (the sums)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8_e4m3"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize(("pdl", "m"), PDL_CASES)
+@pytest.mark.parametrize("fold", [True, False])
+def test_gpu_pdl_gives_the_same_bits(fmt, dtype, pdl, m, fold):
+    """``pdl`` launches the kernel (and a split K's second kernel) with programmatic dependent launch:
+    the same bits as without, with rows that fold and (``fold`` False) a block that does not."""
+    _assert_same_bits(fmt, dtype, pdl, dataclasses.replace(pdl, pdl=0), m, fold, seed=7)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize(("pdl", "m"), PDL_CASES)
+def test_gpu_pdl_chain(dtype, pdl, m):
+    """Six launches of a ``pdl`` kernel, each reading the output of the one before, captured in one
+    CUDA graph (where a launch, and a split K's second kernel, may start before its predecessor ends)
+    give the eager chain bit for bit, and each link of the eager chain the float64 reference."""
+    torch.manual_seed(9)
+    n = PDL_N
+    q = reference.quantize(torch.randn(n, n, device="cuda") / n**0.5, "mxfp4")
+    w = _dequant(q, "mxfp4").cuda()
+    dt = getattr(torch, dtype)
+    ys = [torch.randn(m, n, device="cuda").to(dt)]
+    ys += [torch.full((m, n), float("nan"), dtype=dt, device="cuda") for _ in range(6)]
+    func = wgmma_w.compiled("mxfp4", n, n, dtype, False, pdl)
+
+    def chain():
+        for a, b in itertools.pairwise(ys):
+            func(a, q.blocks, q.scales, b)
+
+    chain()
+    torch.cuda.synchronize()
+    eager = [y.clone() for y in ys[1:]]
+    for a, b in itertools.pairwise([ys[0], *eager]):
+        want = a.double() @ w.T
+        assert torch.allclose(b.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    for y in ys[1:]:
+        y.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(y.view(torch.int16), e.view(torch.int16)) for y, e in zip(ys[1:], eager, strict=True))
 
 
 @pytest.mark.gpu

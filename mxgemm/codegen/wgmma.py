@@ -18,7 +18,7 @@ from typing import Any
 from tvm import tirx
 
 from mxgemm.codegen.decode import u32
-from mxgemm.codegen.nvcc import ARCH_ATTR
+from mxgemm.codegen.nvcc import ARCH_ATTR, PDL
 
 ARCH = "sm_90a"  # wgmma is an sm_90a feature
 TARGET = {"kind": "cuda", "arch": ARCH}
@@ -53,12 +53,14 @@ def descriptor(T, buf, which: int, start):  # noqa: N803
     return tirx.BufferLoad(buf, [which])
 
 
-def main_args(T, names, bias: bool):  # noqa: N803
+def main_args(T, names, bias: bool, pdl: bool = False):  # noqa: N803
     """Open the PrimFunc ``main`` (no aliasing, compiled for :data:`ARCH` even when built for an
-    ``sm_90`` target): the dynamic row count ``m`` (int64) and the handles of the arguments ``names``,
-    then ``Bias`` (if ``bias``, else None), then ``Y``."""
+    ``sm_90`` target; ``pdl``: its kernels launched with programmatic dependent launch): the dynamic
+    row count ``m`` (int64) and the handles of the arguments ``names``, then ``Bias`` (if ``bias``,
+    else None), then ``Y``."""
     T.func_name("main")
-    T.func_attr({"global_symbol": "main", "tirx.noalias": True, ARCH_ATTR: ARCH})
+    attrs = {"global_symbol": "main", "tirx.noalias": True, ARCH_ATTR: ARCH}
+    T.func_attr({**attrs, PDL: True} if pdl else attrs)
     handles = [T.arg(name, T.handle()) for name in names]
     bias_h = T.arg("Bias", T.handle()) if bias else None
     return tirx.Var("m", "int64"), handles, bias_h, T.arg("Y", T.handle())

@@ -143,7 +143,12 @@ class Hints:
     producer warpgroup, ``prod`` 2, starts at once and the others vote on a barrier of their own), 0
     to scan first (stream-K scans at every tile, after the ring's first loads); frag: 1 to read the
     codes in fragment order (:func:`~mxgemm.layout.frag_order`: a lane's codes of a row's slot are
-    one 16- or 32-byte run, one or two ``ld.shared.v4`` and no ``prmt``), 0 in the planes' K order."""
+    one 16- or 32-byte run, one or two ``ld.shared.v4`` and no ``prmt``), 0 in the planes' K order;
+    pdl (``sk`` 0): 1 to launch with programmatic dependent launch: the next kernel in the stream may
+    start at once (``griddepcontrol.launch_dependents``), and while the previous one finishes the
+    block prefetches its first slots' codes and scale codes into L2 and (``early`` 0) scans its scale
+    codes, none of which the previous kernel writes; it waits for it (``griddepcontrol.wait``) before
+    it loads an activation or writes anything (the second kernel of a split K waits at its start)."""
 
     wg: int = 2
     stages: int = 4
@@ -158,6 +163,7 @@ class Hints:
     cluster: int = 0
     early: int = 0
     frag: int = 0
+    pdl: int = 0
 
     def __post_init__(self) -> None:
         ok = self.wg in (1, 2, 3, 4) and 3 <= self.stages <= 6 and self.double in (0, 1)
@@ -167,12 +173,13 @@ class Hints:
         ok = ok and (self.prod < 2 or self.wg <= 2) and self.lean in (0, 1, 2)
         ok = ok and self.cluster in (0, 1) and (not self.cluster or self.splits > 1)
         ok = ok and self.early in (0, 1) and not (self.early and self.sk) and self.frag in (0, 1)
+        ok = ok and self.pdl in (0, 1) and not (self.pdl and self.sk)
         if not ok or self.tma not in TMA or (self.tma and not self.ring):
             raise ValueError(
                 f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 16|32|64|128|256, "
                 "splits 1|2|4|8, ring 0|1, tma 0|1|2 (with ring 1), sk 0|1|2 (with ring 1 and splits 1), "
                 "prod 0|1|2 (with tma 2; 2 with wg 1|2), lean 0|1|2, cluster 0|1 (1 with splits > 1), "
-                "early 0|1 (1 with sk 0), frag 0|1"
+                "early 0|1 (1 with sk 0), frag 0|1, pdl 0|1 (1 with sk 0)"
             )
 
     def to_dict(self) -> dict[str, int]:
@@ -277,7 +284,7 @@ class _Kernel:
 
     def emit(self) -> None:
         T, h, n, k = self.T, self.h, self.n, self.k
-        m, handles, bias_h, y_h = main_args(T, ("A", "B", "S"), self.bias)
+        m, handles, bias_h, y_h = main_args(T, ("A", "B", "S"), self.bias, pdl=bool(h.pdl))
         self.m = m
         self.A = T.match_buffer(handles[0], (m, k), self.a_dtype)
         self.B = T.match_buffer(handles[1], (n, k * self.w // 8), "uint8")
@@ -311,8 +318,13 @@ class _Kernel:
             self.m0, self.n0 = tirx.Cast("int64", bx) * self.m_tile, by * (64 * h.wg)
             self.block_buffers(tx)
             self.zero_acc()
+            if h.pdl:
+                T.evaluate(T.ptx.griddepcontrol.launch_dependents())
+                self.prefetch_l2()
             if not h.early:
                 self.rows_fold()
+            if h.pdl:  # (the scale scan above reads weights alone; activations and Y from here on)
+                T.evaluate(T.ptx.griddepcontrol.wait())
             self.prologue()
             compute = self.fold_loop_and_epilogue if h.early else self.loop_and_epilogue
             if h.prod == 2:
@@ -877,6 +889,20 @@ class _Kernel:
         g, slot, _ = self.part_of
         return self.ws, [g, slot, 8 * (a // 4) + 2 * self.j + a % 2, self.row(a // 2 % 2)]
 
+    def prefetch_l2(self) -> None:
+        """``pdl``: L2 prefetch of the block's codes and scale codes of its first ``stages`` K
+        iterations (threads ``0 .. 64 wg``: a row each, a prefetch per 128 bytes)."""
+        T, h = self.T, self.h
+        first = self.coords(0)[2]  # the block's first K iteration
+        its = min(h.stages, self.iters)
+        with T.If(self.tx < 64 * h.wg):
+            with T.Then():
+                row = self.n0 + self.tx
+                for off in range(0, its * 16 * self.w, 128):
+                    src = self.B.ptr_to([row, first * 16 * self.w + off])
+                    T.evaluate(T.ptx.prefetch.global_.L2(src))
+                T.evaluate(T.ptx.prefetch.global_.L2(self.S.ptr_to([row, first * (BK // STEP)])))
+
     def prologue(self) -> None:
         """The ring's barriers set up (``ring`` 1) and its first ``ahead`` slots issued."""
         T, h = self.T, self.h
@@ -1036,6 +1062,8 @@ class _Kernel:
         bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
         total = m * n
         with T.launch_thread(bx, tirx.Cast("int32", (total + 255) // 256)), T.launch_thread(tx, 256):
+            if self.h.pdl:  # (launched early too: the partial sums are the first kernel's)
+                T.evaluate(T.ptx.griddepcontrol.wait())
             i = tirx.Cast("int64", bx) * 256 + tx
             with T.If(i < total):
                 with T.Then():
