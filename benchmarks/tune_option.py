@@ -16,7 +16,15 @@ from pathlib import Path
 from mxgemm import tune
 from mxgemm.rules import wgmma_w
 
-SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (28672, 8192), (8192, 28672), (1024, 4096))
+SHAPES = (
+    (4096, 4096),
+    (14336, 4096),
+    (4096, 14336),
+    (8192, 8192),
+    (28672, 8192),
+    (8192, 28672),
+    (1024, 4096),
+)
 
 
 def pair(task: tune.Task, option: dict[str, int]) -> list[tuple[str, dict]]:
@@ -48,7 +56,10 @@ def main() -> None:
         t, _ = tune.tasks(shapes, a.formats.split(","), [int(m) for m in a.m.split(",")], dtype, "sm_90")
         todo += [task for task in t if len(pair(task, option)) == 2]
     tune.candidates = lambda task, budget: pair(task, option)  # the round's candidates
-    print(f"{len(todo)} tasks, {2 * len(todo)} wgmma_w kernels (+ decode + cuBLAS where it competes)", flush=True)
+    print(
+        f"{len(todo)} tasks, {2 * len(todo)} wgmma_w kernels (+ decode + cuBLAS where it competes)",
+        flush=True,
+    )
     done = []
     tune.build(todo, 0, a.dir, jobs=a.jobs, progress=lambda e: done.append(e) or print(len(done), flush=True))
 

@@ -578,7 +578,12 @@ def test_pdl_waits_before_it_reads_activations(tmp_path, case, scan_first):
     main = max(bodies, key=lambda b: b.count("wgmma"))
     at = main.find
     loads = [i for i in (at("cp_async_bulk_tensor"), at("cp_async_cg")) if i >= 0]
-    assert -1 < at("griddepcontrol_launch_dependents()") < at("prefetch_global_L2(") < at("griddepcontrol_wait()")
+    assert (
+        -1
+        < at("griddepcontrol_launch_dependents()")
+        < at("prefetch_global_L2(")
+        < at("griddepcontrol_wait()")
+    )
     assert at("griddepcontrol_wait()") < min(loads) and main.count("griddepcontrol_wait()") == 1
     assert (at("__vmaxu4") < at("griddepcontrol_wait()")) is scan_first
     others = [b for b in bodies if b is not main]
@@ -632,7 +637,9 @@ def test_gpu_pdl_chain(dtype, pdl, m):
         y.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    assert all(torch.equal(y.view(torch.int16), e.view(torch.int16)) for y, e in zip(ys[1:], eager, strict=True))
+    assert all(
+        torch.equal(y.view(torch.int16), e.view(torch.int16)) for y, e in zip(ys[1:], eager, strict=True)
+    )
 
 
 @pytest.mark.gpu
