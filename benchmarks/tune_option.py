@@ -9,59 +9,36 @@ keeps the faster (decode + cuBLAS beside them where the bucket decides between i
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-from pathlib import Path
+
+import rounds
 
 from mxgemm import tune
 from mxgemm.rules import wgmma_w
 
-SHAPES = (
-    (4096, 4096),
-    (14336, 4096),
-    (4096, 14336),
-    (8192, 8192),
-    (28672, 8192),
-    (8192, 28672),
-    (1024, 4096),
-)
-
 
 def pair(task: tune.Task, option: dict[str, int]) -> list[tuple[str, dict]]:
-    """The log's ``wgmma_w`` record for ``task`` and it with ``option``, as the rule offers them (none
-    where the record is another rule's)."""
+    """The log's ``wgmma_w`` record for ``task`` and it with ``option``, where the rule offers both
+    (else none: the record is another rule's, or the option does not go with it)."""
     recorded = tune._recorded(task, wgmma_w.RULE)  # noqa: SLF001
     if recorded is None:
         return []
+    try:
+        hints = [recorded, dataclasses.replace(recorded, **option)]
+    except ValueError:
+        return []
     offered = set(wgmma_w.RULE.candidates(task.spec()))
-    hints = [h for h in dict.fromkeys([recorded, dataclasses.replace(recorded, **option)]) if h in offered]
+    if hints[0] == hints[1] or not all(h in offered for h in hints):
+        return []
     return [("wgmma_w", h.to_dict()) for h in hints]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("dir", type=Path)
+    ap = rounds.arguments(__doc__, "32,64,128,256", (*rounds.SHAPES, (1024, 4096)))
     ap.add_argument("--option", required=True, help="NAME=VALUE, a field of wgmma_w's Hints")
-    ap.add_argument("--formats", default="mxfp4")
-    ap.add_argument("--dtypes", default="float16,bfloat16")
-    ap.add_argument("--m", default="32,64,128,256")
-    ap.add_argument("--shapes", nargs="*", default=[f"{n},{k}" for n, k in SHAPES], help="N,K pairs")
-    ap.add_argument("--jobs", type=int, default=2)
     a = ap.parse_args()
     name, value = a.option.split("=")
-    option = {name: int(value)}
-    todo = []
-    for dtype in a.dtypes.split(","):
-        shapes = [tuple(int(v) for v in s.split(",")) for s in a.shapes]
-        t, _ = tune.tasks(shapes, a.formats.split(","), [int(m) for m in a.m.split(",")], dtype, "sm_90")
-        todo += [task for task in t if len(pair(task, option)) == 2]
-    tune.candidates = lambda task, budget: pair(task, option)  # the round's candidates
-    print(
-        f"{len(todo)} tasks, {2 * len(todo)} wgmma_w kernels (+ decode + cuBLAS where it competes)",
-        flush=True,
-    )
-    done = []
-    tune.build(todo, 0, a.dir, jobs=a.jobs, progress=lambda e: done.append(e) or print(len(done), flush=True))
+    rounds.build(a, lambda task: pair(task, {name: int(value)}))
 
 
 if __name__ == "__main__":

@@ -11,15 +11,14 @@ wants the tiles and splits. Measure and merge with ``mxgemm tune --measure DIR``
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-from pathlib import Path
+
+import rounds
 
 from mxgemm import tune
 from mxgemm.codegen.wgmma_w import Hints
 from mxgemm.rules import wgmma_w
 
-SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (28672, 8192), (8192, 28672))
 BASE = Hints(wg=2, stages=3, double=1, mt=256, splits=1, ring=1, tma=2, prod=2, lean=2, early=1)
 
 
@@ -43,24 +42,8 @@ def candidates(task: tune.Task, budget: int) -> list[tuple[str, dict]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("dir", type=Path)
-    ap.add_argument("--formats", default="mxfp4")
-    ap.add_argument("--dtypes", default="float16,bfloat16")
-    ap.add_argument("--m", default="384,512,640,768,896,1024")
-    ap.add_argument("--shapes", nargs="*", default=[f"{n},{k}" for n, k in SHAPES], help="N,K pairs")
-    ap.add_argument("--jobs", type=int, default=2)
-    a = ap.parse_args()
-    todo = []
-    for dtype in a.dtypes.split(","):
-        shapes = [tuple(int(v) for v in s.split(",")) for s in a.shapes]
-        t, _ = tune.tasks(shapes, a.formats.split(","), [int(m) for m in a.m.split(",")], dtype, "sm_90")
-        todo += t
-    tune.candidates = candidates  # the round's candidates (see the module docstring)
-    n = sum(len(candidates(t, 0)) for t in todo)
-    print(f"{len(todo)} tasks, {n} wgmma_w kernels (+ decode + cuBLAS each)", flush=True)
-    done = []
-    tune.build(todo, 0, a.dir, jobs=a.jobs, progress=lambda e: done.append(e) or print(len(done), flush=True))
+    a = rounds.arguments(__doc__, "384,512,640,768,896,1024").parse_args()
+    rounds.build(a, lambda task: candidates(task, 0))
 
 
 if __name__ == "__main__":

@@ -122,3 +122,22 @@ def every_code_weight(fmt: str, n: int, k: int, seed: int, max_scale: int = 254)
     scales = torch.randint(0, max_scale + 1, (n, k // 32), generator=g, dtype=torch.uint8)
     scales[0, :2] = torch.tensor([0, max_scale], dtype=torch.uint8)
     return MxWeight(packing.pack(codes, bits), scales, fmt, 32, (n, k))
+
+
+def chain_replays_eagerly(chain, outs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Run ``chain()`` (launches writing ``outs``, each maybe reading the one before) eagerly, then
+    captured in one CUDA graph and replayed over ``outs`` filled with NaN; assert the replay gives the
+    eager bits; return the eager outputs."""
+    chain()
+    torch.cuda.synchronize()
+    eager = [y.clone() for y in outs]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    for y in outs:
+        y.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    bits = lambda t: t.view(torch.int16)  # noqa: E731  (NaN == NaN, bit for bit)
+    assert all(torch.equal(bits(y), bits(e)) for y, e in zip(outs, eager, strict=True))
+    return eager

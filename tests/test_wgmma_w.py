@@ -21,6 +21,7 @@ from mxgemm.codegen import build as builder
 from mxgemm.codegen import target as targets
 from mxgemm.codegen import wgmma_w
 from tests import oracle, ptxas
+from tests.linear_cases import chain_replays_eagerly
 
 
 def test_applies_names_the_problem():
@@ -373,6 +374,12 @@ GPU_TILES += FRAG_CASES
 PDL = wgmma_w.Hints(2, 4, 1, mt=64, splits=2, ring=1, tma=2, prod=2, lean=2, pdl=1)
 PDL_CASES = [(PDL, 77), (dataclasses.replace(EARLY, pdl=1), 77), (wgmma_w.Hints(1, 4, 1, mt=64, pdl=1), 37)]
 PDL_N = 512  # test_gpu_pdl_chain's layer: n = k, each launch reading the output of the one before
+# test_gpu_an_option_gives_the_same_bits's: (option, hints with it, rows)
+SAME_BITS = [
+    (o, h, m)
+    for o, cases in (("early", EARLY_CASES), ("frag", FRAG_CASES), ("pdl", PDL_CASES))
+    for h, m in cases
+]
 # the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu
 PREBUILD = [
     (f, 256, 512, dt, True, h)
@@ -398,8 +405,7 @@ PREBUILD += [  # _assert_same_bits's: each case without its option and with it
     (f, 256, 512, dt, False, h)
     for f in ("mxfp4", "mxfp8_e4m3")
     for dt in ("float16", "bfloat16")
-    for option, cases in (("early", EARLY_CASES), ("frag", FRAG_CASES), ("pdl", PDL_CASES))
-    for case, _ in cases
+    for option, case, _ in SAME_BITS
     for h in (dataclasses.replace(case, **{option: 0}), case)
     if wgmma_w.applies(formats.get(f), 256, 512, dt, h) is None
 ]
@@ -517,14 +523,18 @@ def test_gpu_lean_2_gives_lean_1s_bits(dtype, lean2, m):
 @hopper
 @pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8_e4m3"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize(("early", "m"), EARLY_CASES)
+@pytest.mark.parametrize(("option", "hints", "m"), SAME_BITS)
 @pytest.mark.parametrize("fold", [True, False])
-def test_gpu_early_gives_the_same_bits(fmt, dtype, early, m, fold):
-    """``early`` moves the scan of the scale codes after the ring's first loads (and, with a producer
-    warpgroup, to the compute warpgroups' own barrier): the same bits as the kernel that scans first,
-    with rows that fold and (``fold`` False: a row whose codes span more binades than the fold allows)
-    with a block that does not."""
-    _assert_same_bits(fmt, dtype, early, dataclasses.replace(early, early=0), m, fold, seed=5)
+def test_gpu_an_option_gives_the_same_bits(fmt, dtype, option, hints, m, fold):
+    """Each option gives the bits of the same kernel without it, with rows that fold and (``fold``
+    False: a row whose codes span more binades than the fold allows) with a block that does not.
+    ``early`` moves the scan of the scale codes after the ring's first loads (and, with a producer
+    warpgroup, to the compute warpgroups' own barrier); ``frag`` reads the codes in fragment order
+    (:func:`mxgemm.layout.frag_order` of the same weight: each lane's words as they are instead of
+    gathered from the planes' K order, the same pairs into the same wgmmas); ``pdl`` launches the
+    kernel (and a split K's second kernel) with programmatic dependent launch."""
+    seed = {"early": 5, "frag": 6, "pdl": 7}[option]
+    _assert_same_bits(fmt, dtype, hints, dataclasses.replace(hints, **{option: 0}), m, fold, seed)
 
 
 def _assert_same_bits(fmt, dtype, hints, without, m, fold, seed):
@@ -540,19 +550,6 @@ def _assert_same_bits(fmt, dtype, hints, without, m, fold, seed):
     y0 = _run(fmt, x, q, dtype, without)
     y1 = _run(fmt, x, q, dtype, hints)
     assert torch.equal(y0.view(torch.int16), y1.view(torch.int16))
-
-
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8_e4m3"])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize(("frag", "m"), FRAG_CASES)
-@pytest.mark.parametrize("fold", [True, False])
-def test_gpu_frag_gives_the_same_bits(fmt, dtype, frag, m, fold):
-    """``frag`` reads the codes in fragment order (:func:`mxgemm.layout.frag_order` of the same weight):
-    each lane's words as they are instead of gathered from the planes' K order, the same pairs into
-    the same wgmmas, so the same bits, with rows that fold and (``fold`` False) a block that does not."""
-    _assert_same_bits(fmt, dtype, frag, dataclasses.replace(frag, frag=0), m, fold, seed=6)
 
 
 @pytest.mark.nvcc
@@ -593,18 +590,6 @@ def test_pdl_waits_before_it_reads_activations(tmp_path, case, scan_first):
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8_e4m3"])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize(("pdl", "m"), PDL_CASES)
-@pytest.mark.parametrize("fold", [True, False])
-def test_gpu_pdl_gives_the_same_bits(fmt, dtype, pdl, m, fold):
-    """``pdl`` launches the kernel (and a split K's second kernel) with programmatic dependent launch:
-    the same bits as without, with rows that fold and (``fold`` False) a block that does not."""
-    _assert_same_bits(fmt, dtype, pdl, dataclasses.replace(pdl, pdl=0), m, fold, seed=7)
-
-
-@pytest.mark.gpu
-@hopper
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize(("pdl", "m"), PDL_CASES)
 def test_gpu_pdl_chain(dtype, pdl, m):
@@ -624,22 +609,10 @@ def test_gpu_pdl_chain(dtype, pdl, m):
         for a, b in itertools.pairwise(ys):
             func(a, q.blocks, q.scales, b)
 
-    chain()
-    torch.cuda.synchronize()
-    eager = [y.clone() for y in ys[1:]]
+    eager = chain_replays_eagerly(chain, ys[1:])
     for a, b in itertools.pairwise([ys[0], *eager]):
         want = a.double() @ w.T
         assert torch.allclose(b.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        chain()
-    for y in ys[1:]:
-        y.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert all(
-        torch.equal(y.view(torch.int16), e.view(torch.int16)) for y, e in zip(ys[1:], eager, strict=True)
-    )
 
 
 @pytest.mark.gpu
