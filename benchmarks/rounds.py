@@ -5,6 +5,7 @@ tuner's, for ``mxgemm tune --measure DIR`` / ``--merge DIR``."""
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,7 +28,9 @@ def arguments(doc: str, m: str, shapes=SHAPES) -> argparse.ArgumentParser:
 
 def build(a: argparse.Namespace, candidates: Callable[[tune.Task], list[tuple[str, dict]]]) -> None:
     """Build ``candidates(task)`` (the tuner's in the round, decode + cuBLAS beside them where the
-    bucket decides) of the tasks ``a`` names that have any, into ``a.dir``."""
+    bucket decides) of the tasks ``a`` names that have any, into ``a.dir`` (the kernels too, as
+    ``mxgemm tune --build-only DIR`` puts them: they travel with the manifest)."""
+    os.environ["MXGEMM_CACHE_DIR"] = str(a.dir)
     shapes = [tuple(int(v) for v in s.split(",")) for s in a.shapes]
     todo = []
     for dtype in a.dtypes.split(","):
