@@ -215,11 +215,12 @@ class MxLinear(nn.Module):
             raise ValueError(f"MxLinear: expected input [..., {self.in_features}], got {list(x.shape)}")
         if self.activations is not None:
             x = self._quantize_input(x)
+        bufs = self._buffers  # (directly: nn.Module's lookup of a buffer costs more than these checks)
         y = ops.dispatch(
             x if x.dtype is self.a_dtype else x.to(self.a_dtype),
-            self.planes,
-            self.weight_scales,
-            self.bias,
+            [bufs[name] for name in self._plane_names],
+            bufs["weight_scales"],
+            bufs["bias"] if "bias" in bufs else self.bias,
             self.fmt,
             self.block_size,
             self.out_features,

@@ -40,6 +40,10 @@ CPU_CHUNK_MB = 4.0  # CPU: MB of decoded weights per chunk (L2/L3-resident when 
 BACKEND_ENV = "MXGEMM_BACKEND"
 SPLIT_ENV = "MXGEMM_SPLIT_M"  # "0": never split a call's rows between two kernels (see `row_parts`)
 BACKENDS = ("kernels", "emulated")  # the generated kernels (default); dequantize + F.linear
+# $MXGEMM_BACKEND as a call reads it: os.environ's own bytes (POSIX; os.environ.get encodes the name and
+# decodes the value, which costs more than the rest of a call's key), else os.environ
+_ENVIRON = getattr(os.environ, "_data", None) if os.name == "posix" else None
+_BACKEND_KEY = os.environ.encodekey(BACKEND_ENV) if _ENVIRON is not None else BACKEND_ENV
 
 
 def decode_chunk_rows(n: int, k: int, default_mb: float = 0.0, row_bytes: int | None = None) -> int:
@@ -341,7 +345,8 @@ def _forward(
         return x.new_empty(*x.shape[:-1], n)
     if x.dtype is torch.float16:
         _check_fp16_once(planes, scales, fmt, block_size, n, k)
-    key = (m, x.device, x.dtype, fmt, n, k, bias is not None, block_size, os.environ.get(BACKEND_ENV))
+    env = _ENVIRON.get(_BACKEND_KEY) if _ENVIRON is not None else os.environ.get(BACKEND_ENV)
+    key = (m, x.device, x.dtype, fmt, n, k, bias is not None, block_size, env)
     run = _launchers.get(key)
     if run is None:
         run = _launchers[key] = _launcher(key)
@@ -417,9 +422,10 @@ _launchers: dict[tuple, object] = {}  # the same keys -> the function that runs 
 _EMULATED = object()  # the route of $MXGEMM_BACKEND=emulated
 
 
-def backend(value: str | None) -> str:
-    """The backend ``$MXGEMM_BACKEND`` (``value``) selects: ``"kernels"`` when unset; ValueError naming
-    the choices for anything else."""
+def backend(value: str | bytes | None) -> str:
+    """The backend ``$MXGEMM_BACKEND`` (``value``, or its bytes) selects: ``"kernels"`` when unset;
+    ValueError naming the choices for anything else."""
+    value = os.fsdecode(value) if isinstance(value, bytes) else value
     if value in (None, "", *BACKENDS):
         return value or BACKENDS[0]
     raise ValueError(f"${BACKEND_ENV} must be one of {', '.join(BACKENDS)}, got {value!r}")
