@@ -135,9 +135,9 @@ def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
     # each leaner (the record itself first: the same kernel in fewer instructions; then it with its
     # outputs scaled by a multiply, lean 2)
     lean = lambda *hs, n=1: [dataclasses.replace(h, lean=n) for h in hs]  # noqa: E731
-    # and first, the record launched with programmatic dependent launch (pdl), then with the ring's
-    # first loads issued before its scale scan (early)
-    early = lambda h: [dataclasses.replace(h, pdl=1), dataclasses.replace(h, early=1)]  # noqa: E731
+    # and first, the record launched with programmatic dependent launch (pdl 1 and 2), then with the
+    # ring's first loads issued before its scale scan (early)
+    early = lambda h: [*(dataclasses.replace(h, pdl=p) for p in (1, 2)), dataclasses.replace(h, early=1)]  # noqa: E731
     assert rule.twins(spec, plain) == early(plain) + lean(plain) + lean(plain, n=2) + lean(
         tma, warp0, producer, sk
     )
@@ -161,7 +161,7 @@ def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
     short = builder.KernelSpec("mxfp4", 4096, 4096, 128, "float16", "float16", False, 32, sm90)
     for splits in (2, 4):
         split = wgmma_w.Hints(2, 4, 1, mt=64, splits=splits, ring=1, tma=2, lean=2)
-        assert rule.twins(short, split)[2] == dataclasses.replace(split, cluster=1, splits=2)
+        assert rule.twins(short, split)[3] == dataclasses.replace(split, cluster=1, splits=2)
     assert rule.default_hints(spec).lean == 1
 
 
@@ -373,6 +373,7 @@ GPU_TILES += FRAG_CASES
 # of 2 splits with the ring's first loads before the scan, the block-barrier ring of every thread
 PDL = wgmma_w.Hints(2, 4, 1, mt=64, splits=2, ring=1, tma=2, prod=2, lean=2, pdl=1)
 PDL_CASES = [(PDL, 77), (dataclasses.replace(EARLY, pdl=1), 77), (wgmma_w.Hints(1, 4, 1, mt=64, pdl=1), 37)]
+PDL_CASES += [(dataclasses.replace(PDL, pdl=2), 77)]  # the next kernel let in after the wait
 PDL_N = 512  # test_gpu_pdl_chain's layer: n = k, each launch reading the output of the one before
 # test_gpu_an_option_gives_the_same_bits's: (option, hints with it, rows)
 SAME_BITS = [
@@ -553,12 +554,12 @@ def _assert_same_bits(fmt, dtype, hints, without, m, fold, seed):
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize(("case", "scan_first"), [(0, True), (1, False), (2, True)])
+@pytest.mark.parametrize(("case", "scan_first"), [(0, True), (1, False), (2, True), (3, True)])
 def test_pdl_waits_before_it_reads_activations(tmp_path, case, scan_first):
-    """``pdl``: the kernels carry TVM's programmatic-dependent-launch tag; the main kernel lets the next
-    one start, prefetches its first slots' codes into L2 and (``early`` 0) scans its scale codes,
-    then waits for the previous kernel before any load of activations (TMA or cp.async); a split K's
-    second kernel waits before it reads the partial sums."""
+    """``pdl``: the kernels carry TVM's programmatic-dependent-launch tag; the main kernel prefetches
+    its first slots' codes into L2 and (``early`` 0) scans its scale codes, then waits for the previous
+    kernel before any load of activations (TMA or cp.async), and lets the next one start first (1) or
+    after the wait (2); a split K's second kernel waits before it reads the partial sums."""
     import tvm
 
     from mxgemm.codegen import nvcc
@@ -575,12 +576,9 @@ def test_pdl_waits_before_it_reads_activations(tmp_path, case, scan_first):
     main = max(bodies, key=lambda b: b.count("wgmma"))
     at = main.find
     loads = [i for i in (at("cp_async_bulk_tensor"), at("cp_async_cg")) if i >= 0]
-    assert (
-        -1
-        < at("griddepcontrol_launch_dependents()")
-        < at("prefetch_global_L2(")
-        < at("griddepcontrol_wait()")
-    )
+    trigger, wait = at("griddepcontrol_launch_dependents()"), at("griddepcontrol_wait()")
+    assert -1 < at("prefetch_global_L2(") < wait and main.count("launch_dependents") == 1
+    assert trigger < at("prefetch_global_L2(") if hints.pdl == 1 else wait < trigger
     assert at("griddepcontrol_wait()") < min(loads) and main.count("griddepcontrol_wait()") == 1
     assert (at("__vmaxu4") < at("griddepcontrol_wait()")) is scan_first
     others = [b for b in bodies if b is not main]

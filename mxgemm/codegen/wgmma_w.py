@@ -144,11 +144,13 @@ class Hints:
     to scan first (stream-K scans at every tile, after the ring's first loads); frag: 1 to read the
     codes in fragment order (:func:`~mxgemm.layout.frag_order`: a lane's codes of a row's slot are
     one 16- or 32-byte run, one or two ``ld.shared.v4`` and no ``prmt``), 0 in the planes' K order;
-    pdl (``sk`` 0): 1 to launch with programmatic dependent launch: the next kernel in the stream may
-    start at once (``griddepcontrol.launch_dependents``), and while the previous one finishes the
+    pdl (``sk`` 0): launch with programmatic dependent launch: while the previous kernel finishes the
     block prefetches its first slots' codes and scale codes into L2 and (``early`` 0) scans its scale
     codes, none of which the previous kernel writes; it waits for it (``griddepcontrol.wait``) before
-    it loads an activation or writes anything (the second kernel of a split K waits at its start)."""
+    it loads an activation or writes anything (the second kernel of a split K waits at its start); 1
+    lets the next kernel in the stream start at once (``griddepcontrol.launch_dependents`` first: on a
+    grid short of the SMs the kernels after it start too, each prefetching), 2 once the previous kernel
+    is done (after the wait: one kernel ahead at most)."""
 
     wg: int = 2
     stages: int = 4
@@ -173,13 +175,13 @@ class Hints:
         ok = ok and (self.prod < 2 or self.wg <= 2) and self.lean in (0, 1, 2)
         ok = ok and self.cluster in (0, 1) and (not self.cluster or self.splits > 1)
         ok = ok and self.early in (0, 1) and not (self.early and self.sk) and self.frag in (0, 1)
-        ok = ok and self.pdl in (0, 1) and not (self.pdl and self.sk)
+        ok = ok and self.pdl in (0, 1, 2) and not (self.pdl and self.sk)
         if not ok or self.tma not in TMA or (self.tma and not self.ring):
             raise ValueError(
                 f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 16|32|64|128|256, "
                 "splits 1|2|4|8, ring 0|1, tma 0|1|2 (with ring 1), sk 0|1|2 (with ring 1 and splits 1), "
                 "prod 0|1|2 (with tma 2; 2 with wg 1|2), lean 0|1|2, cluster 0|1 (1 with splits > 1), "
-                "early 0|1 (1 with sk 0), frag 0|1, pdl 0|1 (1 with sk 0)"
+                "early 0|1 (1 with sk 0), frag 0|1, pdl 0|1|2 (sk 0)"
             )
 
     def to_dict(self) -> dict[str, int]:
@@ -318,13 +320,7 @@ class _Kernel:
             self.m0, self.n0 = tirx.Cast("int64", bx) * self.m_tile, by * (64 * h.wg)
             self.block_buffers(tx)
             self.zero_acc()
-            if h.pdl:
-                T.evaluate(T.ptx.griddepcontrol.launch_dependents())
-                self.prefetch_l2()
-            if not h.early:
-                self.rows_fold()
-            if h.pdl:  # (the scale scan above reads weights alone; activations and Y from here on)
-                T.evaluate(T.ptx.griddepcontrol.wait())
+            self.start()
             self.prologue()
             compute = self.fold_loop_and_epilogue if h.early else self.loop_and_epilogue
             if h.prod == 2:
@@ -888,6 +884,22 @@ class _Kernel:
             return self.acc, [a]
         g, slot, _ = self.part_of
         return self.ws, [g, slot, 8 * (a // 4) + 2 * self.j + a % 2, self.row(a // 2 % 2)]
+
+    def start(self) -> None:
+        """What a block does before its ring: (``early`` 0) the scan of its scale codes and, with
+        ``pdl``, that and an L2 prefetch of its first slots before it waits for the previous kernel
+        (the next one let in before them, ``pdl`` 1, or after the wait, 2)."""
+        T, h = self.T, self.h
+        if h.pdl == 1:
+            T.evaluate(T.ptx.griddepcontrol.launch_dependents())
+        if h.pdl:
+            self.prefetch_l2()
+        if not h.early:
+            self.rows_fold()
+        if h.pdl:  # (the scale scan above reads weights alone; activations and Y from here on)
+            T.evaluate(T.ptx.griddepcontrol.wait())
+        if h.pdl == 2:
+            T.evaluate(T.ptx.griddepcontrol.launch_dependents())
 
     def prefetch_l2(self) -> None:
         """``pdl``: L2 prefetch of the block's codes and scale codes of its first ``stages`` K

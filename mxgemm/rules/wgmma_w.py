@@ -70,7 +70,7 @@ class WgmmaW(Rule):
             if ok(p)
             for c in ((0, 1) if p[4] == 2 else (0,))
             for e in ((0,) if p[7] else (0, 1))
-            for d in ((0,) if p[7] else (0, 1))
+            for d in ((0,) if p[7] else (0, 1, 2))
         )
         return [
             h
@@ -148,9 +148,9 @@ class WgmmaW(Rule):
         return short * measured * ring * split * (0.98 if h.early else 1.0)
 
     def twins(self, spec: Any, hints: Hints) -> list[Hints]:
-        """``hints`` launched with programmatic dependent launch (``pdl``: the newest option, first, so
-        a cut budget keeps it; the cost model leaves it to the twins) and with the ring's first loads
-        issued before the scale scan (``early``); ``hints`` split in two with its parts added in a
+        """``hints`` launched with programmatic dependent launch (``pdl`` 1 and 2: the newest option,
+        first, so a cut budget keeps it; the cost model leaves it to the twins) and with the ring's
+        first loads issued before the scale scan (``early``); ``hints`` split in two with its parts added in a
         cluster's shared memory; ``hints`` leaner (``lean`` 1; the twins below lean too) and
         with its outputs scaled by a multiply (``lean`` 2), with its loads by TMA (the ring on,
         ``tma`` 2), refilled by every thread, warp 0 and a producer warpgroup (``prod``), and that
@@ -158,7 +158,7 @@ class WgmmaW(Rule):
         pays per tile a block runs: on 8192² at 128 rows two warpgroups × 128 rows took 0.77x the
         time of × 64), where those are candidates."""
         leaner = hints if hints.lean else _replaced(hints, lean=1) or hints  # (the twins below lean too)
-        twins = [_replaced(hints, pdl=1), _replaced(hints, early=1)]
+        twins = [_replaced(hints, pdl=1), _replaced(hints, pdl=2), _replaced(hints, early=1)]
         twins += [_replaced(leaner, cluster=1, splits=2)] if hints.splits > 1 else []
         twins += [
             leaner,
