@@ -149,13 +149,13 @@ def _spread(rule, seeds: list, twins: list, ranked: list, budget: int) -> list:
         return tuple(h.to_dict()[f] for f in fields)
 
     taken = seeds[:budget]
-    twins = iter(twins)
+    twins, keyed = iter(twins), [(shape(h), h) for h in ranked]  # (each shape made once)
     while len(taken) < budget:
         twin = next((t for t in twins if t not in taken), None)
         if twin is not None:
             taken.append(twin)
         seen = {shape(h) for h in taken}
-        fresh = next((h for h in ranked if shape(h) not in seen), None)
+        fresh = next((h for s, h in keyed if s not in seen), None)
         if fresh is not None and len(taken) < budget:
             taken.append(fresh)
         if twin is None and fresh is None:
