@@ -102,9 +102,11 @@ PDL_N = 2048  # test_gpu_pdl_chain: a square W, so that each launch can read the
 PDL_FORMATS = ("mxfp4", "mxfp6_e2m3", "mxfp8_e4m3")
 
 
-def pdl_chain_kernel(fmt: str, m: int, arch: str) -> dict:
-    """`mxgemm.build` arguments of the ``mma-pdl`` kernel of a ``[PDL_N, PDL_N]`` weight for ``m`` rows."""
-    return {**rule_kernel("mma-pdl", fmt, "float16", False, m, arch), "n": PDL_N, "k": PDL_N}
+def pdl_chain_kernel(fmt: str, m: int, arch: str, pdl: int = 1) -> dict:
+    """`mxgemm.build` arguments of the ``mma-pdl`` kernel of a ``[PDL_N, PDL_N]`` weight for ``m`` rows
+    (``pdl`` 2: the next kernel let in after the wait)."""
+    args = {**rule_kernel("mma-pdl", fmt, "float16", False, m, arch), "n": PDL_N, "k": PDL_N}
+    return {**args, "hints": {**args["hints"], "pdl": pdl}}
 
 
 def every_code_weight(fmt: str, n: int, k: int, seed: int, max_scale: int = 254):

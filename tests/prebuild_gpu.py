@@ -87,7 +87,7 @@ def rule_cases(arch):
                     yield build_args(m, fmt=fmt, n=TC_N, k=TC_K, a_dtype=dt, bias=bias, target=arch)
         if fmt in PDL_FORMATS:  # test_gpu_pdl_chain
             for m in (1, 16):
-                yield pdl_chain_kernel(fmt, m, arch)
+                yield from (pdl_chain_kernel(fmt, m, arch, pdl) for pdl in (1, 2))
         if fmt in CHUNK_FORMATS:  # test_gpu_decode_path_in_chunks: 64-row chunks of a [256, 2048] W
             for dt in DTYPES:
                 yield dict(fmt=fmt, n=GEMV_N, k=GEMV_K, a_dtype=dt, op="decode", target=arch)

@@ -523,8 +523,8 @@ def test_mma_bf16_finishes_each_pair_with_one_fma():
 def test_mma_pdl_waits_before_it_reads():
     """``pdl=1``: the kernel carries TVM's programmatic-dependent-launch tag (the launch asks for
     programmatic stream serialization) and, in its body, lets the next kernel start, prefetches its
-    first slots into L2, and waits for the previous kernel before any copy (or store); sm_80 targets
-    and the register pipeline have no PDL."""
+    first slots into L2, and waits for the previous kernel before any copy (or store); ``pdl=2`` lets
+    the next kernel start after the wait; sm_80 targets and the register pipeline have no PDL."""
     from mxgemm.rules import mma
 
     hints = {**RING_HINTS, "pdl": 1}
@@ -540,6 +540,12 @@ def test_mma_pdl_waits_before_it_reads():
     at = [body.find(c) for c in calls]
     assert -1 not in at and at == sorted(at), at
     assert body.count("griddepcontrol_wait()") == 1
+    # pdl 2: the next kernel let in after the wait (one kernel ahead at most)
+    hints2 = {**hints, "pdl": 2}
+    two = mxgemm.build("mxfp4", n=512, k=1024, m_bucket=1, target="sm_90", hints=hints2, rule="mma")
+    body = two.source[two.source.index("__global__") :]
+    at = [body.find(c) for c in [*calls[1:3], calls[0], calls[3]]]
+    assert -1 not in at and at == sorted(at) and body.count("launch_dependents") == 1, at
     old = mxgemm.build("mxfp4", n=512, k=1024, m_bucket=1, target="sm_80", hints=hints, rule="mma")
     assert old.info["hints"]["pdl"] == 0 and "griddepcontrol" not in old.source  # the defaults
     with pytest.raises(ValueError, match="out of range"):

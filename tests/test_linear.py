@@ -265,17 +265,19 @@ def test_gpu_folded_scales_bit_exact(fmt, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [1, 2])
 @pytest.mark.parametrize("m", [1, 16])
 @pytest.mark.parametrize("fmt", PDL_FORMATS)
-def test_gpu_pdl_chain(fmt, m):
-    """Programmatic dependent launch: six launches of a ``pdl=1`` kernel, each reading the output of
-    the one before, captured in one CUDA graph (where a launch may start before its predecessor
-    ends) give the eager chain bit for bit, and every link matches the reference."""
+def test_gpu_pdl_chain(fmt, m, pdl):
+    """Programmatic dependent launch: six launches of a ``pdl`` kernel (1: the next one let in at once,
+    2: after the wait), each reading the output of the one before, captured in one CUDA graph (where a
+    launch may start before its predecessor ends) give the eager chain bit for bit, and every link
+    matches the reference."""
     n = PDL_N
     g = torch.Generator().manual_seed(11)
     q = mxgemm.quantize(torch.randn(n, n, generator=g) / n**0.5, fmt).to("cuda")
-    kernel = mxgemm.build(**pdl_chain_kernel(fmt, m, "cuda"))
-    assert kernel.info["hints"]["pdl"] == 1
+    kernel = mxgemm.build(**pdl_chain_kernel(fmt, m, "cuda", pdl))
+    assert kernel.info["hints"]["pdl"] == pdl
     planes = ops._planes(q.blocks, mxgemm.formats.get(fmt).bits)
     ys = [torch.randn(m, n, generator=g).half().cuda()]
     ys += [torch.full((m, n), float("nan"), dtype=torch.half, device="cuda") for _ in range(6)]

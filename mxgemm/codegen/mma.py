@@ -80,8 +80,9 @@ class Hints:
     (1, 2, 4, 8); unroll: K steps per loop iteration, their loads issued together (1, 2, 4; 4 or 8
     with a ring); stages: 0 for the register pipeline, else the depth of the ``cp.async`` ring (2..4
     iterations, block-32 scales only); kn: warps per block side by side in N that share one copy of
-    the activations (1, 2, 4; more than 1 with a ring only); pdl: 1 for programmatic dependent launch
-    (sm_90 and newer, with a ring): the launch and first loads overlap the previous kernel's tail;
+    the activations (1, 2, 4; more than 1 with a ring only); pdl: programmatic dependent launch
+    (sm_90 and newer, with a ring): the launch and first loads overlap the previous kernel's tail, the
+    next kernel let in at once (1) or once the previous one is done (2: one kernel ahead at most);
     shl: 1 for the pair decode by left shifts only (``pairs.decode_pair(left=True)``: the FMA pipe
     instead of the ALU pipe, which the decode keeps busiest); xs: 1 (a ring, an M tile over 16 rows)
     for activations that ride the ring too, one copy per group of ``kn`` warps (up to 8), each n8 tile
@@ -119,7 +120,7 @@ class Hints:
         ok = ok and self.unroll in ((4, 8) if self.stages else (1, 2, 4))
         ok = ok and self.kn in ((1, 2, 4, 8) if self.stages else (1,)) and self.kw * self.kn * self.mw <= 16
         ok = ok and self.mw in ((1, 2, 4) if self.xs else (1,))
-        ok = ok and self.pdl in ((0, 1) if self.stages else (0,)) and self.shl in (0, 1)
+        ok = ok and self.pdl in ((0, 1, 2) if self.stages else (0,)) and self.shl in (0, 1)
         ok = ok and self.xs in ((0, 1) if self.stages else (0,)) and (self.xs or self.kn < 8)
         ok = ok and self.fold in ((0, 1) if self.stages else (0,)) and self.frag in (0, 1)
         ok = ok and self.occ in (range(9) if self.stages else (0,))
@@ -272,9 +273,7 @@ class _Kernel:
             for idx in itertools.product(*map(range, shape)):
                 T.buffer_store(self.acc, tirx.const(0.0, "float32"), list(idx))
             if h.pdl:
-                T.evaluate(T.ptx.griddepcontrol.launch_dependents())
-                self.prefetch_l2()
-                T.evaluate(T.ptx.griddepcontrol.wait())
+                self.pdl_start()
             if h.stages:
                 self.ring_setup()
             if self.fold is not None:
@@ -643,6 +642,17 @@ class _Kernel:
         for t, r in itertools.product(range(h.nt), range(2)):
             out = tirx.Select(self.fast[0] != 0, self.out_exp[t, r] + oe, tirx.const(oe, "int32"))
             T.buffer_store(self.out_exp, out, [t, r])
+
+    def pdl_start(self) -> None:
+        """``pdl``: the next kernel let in (1: at once), this warp's first slots prefetched into L2, the
+        wait for the previous kernel (then, 2, the next kernel let in: one kernel ahead at most)."""
+        T = self.T
+        if self.h.pdl == 1:
+            T.evaluate(T.ptx.griddepcontrol.launch_dependents())
+        self.prefetch_l2()
+        T.evaluate(T.ptx.griddepcontrol.wait())
+        if self.h.pdl == 2:
+            T.evaluate(T.ptx.griddepcontrol.launch_dependents())
 
     def prefetch_l2(self) -> None:
         """L2 prefetch of this warp's codes and scales of the ring's first ``stages - 1`` iterations

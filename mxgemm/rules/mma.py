@@ -59,7 +59,7 @@ def space(
     regs = itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4), (0,), (1,), (0,), (0, 1), (0,))
     regs = (p + (0, 1) for p in regs)
     rings = itertools.product(
-        (1, 2, 4, 8), (1, 2, 4, 8), (4, 8), (2, 3, 4), (1, 2, 4, 8), (0, 1), (0, 1), (0, 1), (0, 1), (1, 2, 4)
+        (1, 2, 4, 8), (1, 2, 4, 8), (4, 8), (2, 3, 4), (1, 2, 4, 8), (0, 1, 2), *((0, 1),) * 3, (1, 2, 4)
     )
     rings = (p for p in rings if p[7] or p[9] == 1)  # mw: with xs
     hints = (
@@ -115,11 +115,14 @@ class Mma(Rule):
         return base * (1 + 0.25 * acts) * fold
 
     def twins(self, spec: Any, hints: Hints) -> list[Hints]:
-        """``hints`` with the block scales folded (``fold``), where that is a candidate."""
-        if not hints.stages or hints.fold:  # a ring's option
+        """``hints`` letting the next kernel in after its wait (``pdl`` 2, where it has 1) and with the
+        block scales folded (``fold``), where those are candidates."""
+        if not hints.stages:  # (a ring's options)
             return []
-        twin = dataclasses.replace(hints, fold=1)
-        return [twin] if twin in self.candidates(spec) else []
+        twins = [dataclasses.replace(hints, pdl=2)] if hints.pdl == 1 else []
+        twins += [] if hints.fold else [dataclasses.replace(hints, fold=1)]
+        cands = self.candidates(spec)
+        return [t for t in twins if t in cands]
 
     def default_hints(self, spec: Any) -> Hints | None:
         """The first candidate of the arch's table row (``schedules/<arch>.json``: by M tile and 16-row
