@@ -273,7 +273,7 @@ class _Kernel:
             for idx in itertools.product(*map(range, shape)):
                 T.buffer_store(self.acc, tirx.const(0.0, "float32"), list(idx))
             if h.pdl:
-                self.pdl_start()
+                nvcc.pdl_around_wait(T, h.pdl, self.prefetch_l2)
             if h.stages:
                 self.ring_setup()
             if self.fold is not None:
@@ -642,17 +642,6 @@ class _Kernel:
         for t, r in itertools.product(range(h.nt), range(2)):
             out = tirx.Select(self.fast[0] != 0, self.out_exp[t, r] + oe, tirx.const(oe, "int32"))
             T.buffer_store(self.out_exp, out, [t, r])
-
-    def pdl_start(self) -> None:
-        """``pdl``: the next kernel let in (1: at once), this warp's first slots prefetched into L2, the
-        wait for the previous kernel (then, 2, the next kernel let in: one kernel ahead at most)."""
-        T = self.T
-        if self.h.pdl == 1:
-            T.evaluate(T.ptx.griddepcontrol.launch_dependents())
-        self.prefetch_l2()
-        T.evaluate(T.ptx.griddepcontrol.wait())
-        if self.h.pdl == 2:
-            T.evaluate(T.ptx.griddepcontrol.launch_dependents())
 
     def prefetch_l2(self) -> None:
         """L2 prefetch of this warp's codes and scales of the ring's first ``stages - 1`` iterations

@@ -105,6 +105,22 @@ def enable() -> None:
 
 
 PDL = "tirx.use_programtic_dependent_launch"  # TVM's launch tag (sic) for programmatic dependent launch
+
+
+def pdl_around_wait(T, pdl: int, before) -> None:  # noqa: N803
+    """Emit into the IR builder ``T`` a kernel's start under programmatic dependent launch (``pdl`` 1 or
+    2, a :data:`PDL`-tagged PrimFunc): ``before()`` (work that reads nothing the previous kernel
+    writes), the wait for the previous kernel (``griddepcontrol.wait``), and the next kernel let in
+    (``griddepcontrol.launch_dependents``) before it all (1) or after the wait (2: one kernel ahead at
+    most; with 1, on a grid short of the SMs the kernels after it start too)."""
+    if pdl == 1:
+        T.evaluate(T.ptx.griddepcontrol.launch_dependents())
+    before()
+    T.evaluate(T.ptx.griddepcontrol.wait())
+    if pdl == 2:
+        T.evaluate(T.ptx.griddepcontrol.launch_dependents())
+
+
 ARCH_ATTR = "mxgemm.arch"  # a PrimFunc attribute naming the arch to compile for (``sm_90a`` for wgmma)
 
 

@@ -77,7 +77,7 @@ from dataclasses import asdict, dataclass
 from tvm import tirx
 
 from mxgemm import formats
-from mxgemm.codegen import pairs
+from mxgemm.codegen import nvcc, pairs
 from mxgemm.codegen import target as targets
 from mxgemm.codegen.decode import scale_expr, u32
 from mxgemm.codegen.wgmma import (
@@ -888,18 +888,14 @@ class _Kernel:
     def start(self) -> None:
         """What a block does before its ring: (``early`` 0) the scan of its scale codes and, with
         ``pdl``, that and an L2 prefetch of its first slots before it waits for the previous kernel
-        (the next one let in before them, ``pdl`` 1, or after the wait, 2)."""
-        T, h = self.T, self.h
-        if h.pdl == 1:
-            T.evaluate(T.ptx.griddepcontrol.launch_dependents())
-        if h.pdl:
-            self.prefetch_l2()
-        if not h.early:
-            self.rows_fold()
-        if h.pdl:  # (the scale scan above reads weights alone; activations and Y from here on)
-            T.evaluate(T.ptx.griddepcontrol.wait())
-        if h.pdl == 2:
-            T.evaluate(T.ptx.griddepcontrol.launch_dependents())
+        (:func:`~mxgemm.codegen.nvcc.pdl_around_wait`)."""
+        h = self.h
+        scan = self.rows_fold if not h.early else lambda: None
+        if not h.pdl:
+            scan()
+            return
+        # (the scale scan reads weights alone; activations and Y after the wait)
+        nvcc.pdl_around_wait(self.T, h.pdl, lambda: (self.prefetch_l2(), scan()))
 
     def prefetch_l2(self) -> None:
         """``pdl``: L2 prefetch of the block's codes and scale codes of its first ``stages`` K
