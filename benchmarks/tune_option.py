@@ -2,10 +2,13 @@
 log's records: per task whose record names the rule, the record's hints as they are and with
 ``--option NAME=VALUE`` (where the rule offers that), so ``mxgemm tune --measure DIR`` times the two in
 one run and ``mxgemm tune --merge DIR --replace`` keeps the faster (decode + cuBLAS beside them where
-the bucket decides between it and a fused kernel).
+the bucket decides between it and a fused kernel). With ``--twin NAME`` instead, the record against
+the rule's twins of it (``Rule.twins``) that differ in that field (an option whose value depends on
+the hints, as ``mma``'s ``minb``).
 
     python benchmarks/tune_option.py DIR --option pdl=2 [--rule mma --formats mxfp4 --dtypes float16
         --m 1,4,16 --shapes 4096,4096]
+    python benchmarks/tune_option.py DIR --twin minb --rule mma --m 1,4,16
 """
 
 from __future__ import annotations
@@ -34,13 +37,29 @@ def pair(task: tune.Task, option: dict[str, int], rule=None) -> list[tuple[str, 
     return [(rule.name, h.to_dict()) for h in hints]
 
 
+def twins(task: tune.Task, field: str, rule) -> list[tuple[str, dict]]:
+    """The log's record of ``rule`` for ``task`` and the rule's twins of it whose ``field`` differs
+    (none where the record is another rule's or has no such twin)."""
+    recorded = tune._recorded(task, rule)  # noqa: SLF001
+    if recorded is None:
+        return []
+    other = [t for t in rule.twins(task.spec(), recorded) if getattr(t, field) != getattr(recorded, field)]
+    return [(rule.name, h.to_dict()) for h in [recorded, *other]] if other else []
+
+
 def main() -> None:
     ap = rounds.arguments(__doc__, "32,64,128,256", (*rounds.SHAPES, (1024, 4096)))
-    ap.add_argument("--option", required=True, help="NAME=VALUE, a field of the rule's Hints")
+    how = ap.add_mutually_exclusive_group(required=True)
+    how.add_argument("--option", help="NAME=VALUE, a field of the rule's Hints")
+    how.add_argument("--twin", help="NAME, a field of the rule's Hints its twins set")
     ap.add_argument("--rule", default="wgmma_w")
     a = ap.parse_args()
+    rule = rules.get(a.rule)
+    if a.twin:
+        rounds.build(a, lambda task: twins(task, a.twin, rule))
+        return
     name, value = a.option.split("=")
-    rounds.build(a, lambda task: pair(task, {name: int(value)}, rules.get(a.rule)))
+    rounds.build(a, lambda task: pair(task, {name: int(value)}, rule))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """prim_func structure, target validation, CUDA compilation without a GPU (nvcc), and the kernel cache."""
 
+import dataclasses
 import json
 import os
 import re
@@ -550,6 +551,33 @@ def test_mma_pdl_waits_before_it_reads():
     assert old.info["hints"]["pdl"] == 0 and "griddepcontrol" not in old.source  # the defaults
     with pytest.raises(ValueError, match="out of range"):
         mma.Hints(1, 4, 2, 0, pdl=1)
+
+
+@pytest.mark.nvcc
+def test_mma_minb_fits_the_grid_in_one_wave(tmp_path):
+    """``minb``: 14336 rows of 16-row tiles are 896 blocks, 7 an SM on 132 SMs; the rule offers that as
+    a twin of the record's hints (and none where a wave cannot hold the grid), the kernel is
+    compiled with those launch bounds, and ptxas keeps its registers within 64K / (7 × 128 threads)
+    without spilling (without the bound it takes more, so only 5 blocks fit an SM)."""
+    from mxgemm.rules import mma
+    from tests import ptxas
+
+    base = mma.Hints(nt=1, kw=4, unroll=8, stages=2, pdl=2, shl=1)
+    spec = KernelSpec("mxfp4", 14336, 4096, 1, "float16", "float16", False, 32, targets.resolve("sm_90"))
+    assert mma.one_wave(base, 14336, 1, 4, 132) == 7
+    assert dataclasses.replace(base, minb=7) in mma.RULE.twins(spec, base)
+    assert mma.one_wave(mma.Hints(nt=1, kw=8, unroll=8, stages=2), 28672, 1, 4, 132) == 0  # 14 × 256 threads
+    assert mma.one_wave(mma.Hints(nt=1, kw=8, unroll=8, stages=2), 4096, 1, 4, 132) == 2
+    regs = {}
+    for minb in (0, 7):
+        h = dataclasses.replace(base, minb=minb).to_dict()
+        k = mxgemm.build("mxfp4", n=14336, k=4096, m_bucket=1, target="sm_90", hints=h, rule="mma")
+        assert k.info["hints"] == h
+        assert ("__launch_bounds__(128, 7)" in k.source) == bool(minb), minb
+        log = ptxas.report(k.source, tmp_path, "sm_90")
+        regs[minb] = int(re.search(r"Used (\d+) registers", log)[1])
+        assert re.search(r" 0 bytes spill stores, 0 bytes spill loads", log), log
+    assert regs[7] <= 65536 // (7 * 128) < regs[0], regs
 
 
 # ---- kernel cache ---------------------------------------------------------------------------------

@@ -100,7 +100,10 @@ class Hints:
     step the mma's B fragment (four 32-bit loads, from the ring or from global memory); occ: 1..8 (a
     ring) for at most that many blocks an SM, the ring padded to hold them to it (0: as many as
     fit), so a kernel that needs few registers does not let as many blocks of the next kernel
-    launched early (``pdl``) in beside its own."""
+    launched early (``pdl``) in beside its own; minb: 0, or the blocks an SM the kernel is compiled to
+    hold (``__launch_bounds__``' minimum: ptxas keeps a thread's registers within 64K / (minb ×
+    threads)), so a grid a little over what fits an SM's registers runs as one wave instead of a full
+    wave and a thin tail (:func:`mxgemm.rules.mma.one_wave`)."""
 
     nt: int = 4
     kw: int = 4
@@ -114,6 +117,7 @@ class Hints:
     mw: int = 1
     frag: int = 0
     occ: int = 0
+    minb: int = 0
 
     def __post_init__(self) -> None:
         ok = self.nt in (1, 2, 4, 8) and self.kw in (1, 2, 4, 8) and self.stages in (0, 2, 3, 4)
@@ -124,6 +128,7 @@ class Hints:
         ok = ok and self.xs in ((0, 1) if self.stages else (0,)) and (self.xs or self.kn < 8)
         ok = ok and self.fold in ((0, 1) if self.stages else (0,)) and self.frag in (0, 1)
         ok = ok and self.occ in (range(9) if self.stages else (0,))
+        ok = ok and 0 <= self.minb and self.minb * 32 * self.kw * self.kn * self.mw <= 2048
         if not ok:
             raise ValueError(f"mma hints out of range: {self}")
 
@@ -236,7 +241,9 @@ class _Kernel:
         T, h, n, k = self.T, self.h, self.n, self.k
         T.func_name("main")
         attrs = {"global_symbol": "main", "tirx.noalias": True}
-        T.func_attr({**attrs, nvcc.PDL: True} if h.pdl else attrs)
+        T.func_attr(
+            {**attrs, **({nvcc.PDL: True} if h.pdl else {}), **({nvcc.MIN_BLOCKS: h.minb} if h.minb else {})}
+        )
         m = 1 if self.m_tile == 1 else tirx.Var("m", "int64")
         self.m64 = tirx.const(1, "int64") if self.m_tile == 1 else m
         a_h = T.arg("A", T.handle())

@@ -121,6 +121,7 @@ def pdl_around_wait(T, pdl: int, before) -> None:  # noqa: N803
         T.evaluate(T.ptx.griddepcontrol.launch_dependents())
 
 
+MIN_BLOCKS = "mxgemm.min_blocks"  # a PrimFunc attribute: its kernels' minimum blocks an SM (launch bounds)
 ARCH_ATTR = "mxgemm.arch"  # a PrimFunc attribute naming the arch to compile for (``sm_90a`` for wgmma)
 
 
@@ -128,8 +129,9 @@ def compile_module(mod: Any, target: dict[str, Any]) -> Any:
     """``tvm.compile`` of a scheduled IRModule for a CUDA target; the device code is a fatbin, for the
     target's arch or the one a PrimFunc's :data:`ARCH_ATTR` names (wgmma kernels: ``sm_90a``, while
     the rules and the tune log know the arch as ``sm_90``). A PrimFunc with the :data:`PDL` attribute
-    has its kernels launched with programmatic stream serialization (TVM drops the attribute when it
-    splits host from device code: it is put back on the kernels' launch tags here)."""
+    has its kernels launched with programmatic stream serialization, one with :data:`MIN_BLOCKS` has
+    them compiled for that many blocks an SM (TVM drops a PrimFunc's attributes when it splits host
+    from device code: they are put on the kernels here, as a launch tag and TVM's launch bounds)."""
     import tvm
     from tvm.tirx.build import split_host_device_mods, tir_to_runtime
 
@@ -138,19 +140,25 @@ def compile_module(mod: Any, target: dict[str, Any]) -> Any:
     if len(archs) > 1:
         raise ValueError(f"one module, one arch: its functions ask for {sorted(archs)}")
     tgt = tvm.target.Target({**target, "arch": archs.pop()} if archs else target)
-    if not any(f.attrs and f.attrs.get(PDL) for f in mod.functions.values()):
+    attrs = [f.attrs for f in mod.functions.values() if f.attrs]
+    pdl = any(a.get(PDL) for a in attrs)
+    min_blocks = max((int(a[MIN_BLOCKS]) for a in attrs if MIN_BLOCKS in a), default=0)
+    if not (pdl or min_blocks):
         with tgt:
             return tvm.compile(mod, target=tgt)
-    with tgt:  # tvm.tirx.build's steps, with the launch tags of the kernels amended
+    with tgt:  # tvm.tirx.build's steps, with the kernels amended
         tgt = tgt.with_host("llvm") if tgt.host is None else tgt
         mod = tvm.tirx.transform.BindTarget(tgt)(mod)
         pipeline, host_passes, device_passes = tvm.tirx.get_default_tir_pipeline(tgt)
         host, devices = split_host_device_mods(pipeline(mod))
         for dev in devices.values():
-            for gv, f in list(dev.functions.items()):
-                tags = list(f.attrs.get("tirx.kernel_launch_params", []))
-                if tags:  # the dynamic shared memory tag must stay last
+            for gv, func in list(dev.functions.items()):
+                tags, f = list(func.attrs.get("tirx.kernel_launch_params", [])), func
+                if tags and pdl:  # the dynamic shared memory tag must stay last
                     at = len(tags) - (tags[-1] == "tirx.use_dyn_shared_memory")
-                    dev[gv] = f.with_attr("tirx.kernel_launch_params", [*tags[:at], PDL, *tags[at:]])
+                    f = f.with_attr("tirx.kernel_launch_params", [*tags[:at], PDL, *tags[at:]])
+                if tags and min_blocks:
+                    f = f.with_attr("tirx.launch_bounds_min_blocks_per_sm", min_blocks)
+                dev[gv] = f
         devices = {t: device_passes()(d) for t, d in devices.items()}
         return tvm.runtime.Executable(tir_to_runtime(host_passes()(host), devices, tgt.host))

@@ -12,7 +12,7 @@ from typing import Any
 from mxgemm import formats
 from mxgemm.codegen import pairs
 from mxgemm.codegen import target as targets
-from mxgemm.codegen.mma import RING_SMEM, SMEM, STEP, Hints, kernel, smem_bytes
+from mxgemm.codegen.mma import RING_SMEM, SM_SMEM, SMEM, STEP, Hints, kernel, smem_bytes
 from mxgemm.rules.base import Rule, Scheduled, cheapest, cuda_linear, preferred
 
 # M buckets this rule serves (128 and 256: only with activations in the ring, ``xs``; 256 with warps
@@ -68,6 +68,17 @@ def space(
     return [h for h in hints if valid(h, n, m_tile, fmt, block_size, ring_smem)]
 
 
+def one_wave(h: Hints, n: int, m_tile: int, bits: int, sms: int, sm_smem: int = SM_SMEM) -> int:
+    """The blocks an SM (``Hints.minb``) that run the grid of ``h`` on ``n`` weight rows as one wave on
+    ``sms`` SMs; 0 where that is one block an SM, or more threads, shared memory (``sm_smem`` an SM,
+    1 KB of it reserved a block) or registers (under 64 a thread: spills) than an SM has."""
+    per_sm = -(-(n // (16 * h.nt * h.kn)) // sms)
+    threads = 32 * h.kw * h.kn * h.mw
+    block_smem = sum(smem_bytes(h, m_tile, bits)) + 1024
+    fits = per_sm * threads <= 2048 and 65536 // (per_sm * threads) >= 64 and per_sm * block_smem <= sm_smem
+    return per_sm if per_sm > 1 and fits else 0
+
+
 class Mma(Rule):
     """fp16 or bf16 activations, a bucket of :data:`M_TILES`, a format whose codes are exact in that
     dtype (:func:`mxgemm.codegen.pairs.supported`), one scale per step (block ≥ 32) and a shape some hints
@@ -88,7 +99,10 @@ class Mma(Rule):
         f = formats.get(spec.fmt)
         folds = pairs.fold(f, spec.a_dtype) is not None
         cands = space(spec.n, spec.m_bucket, f, spec.block_size, ring)
-        return [h for h in cands if fits(h, spec.n, spec.k) and (pdl or not h.pdl) and (folds or not h.fold)]
+        cands = [h for h in cands if fits(h, spec.n, spec.k) and (pdl or not h.pdl) and (folds or not h.fold)]
+        sms, sm_smem = targets.sm_count(spec.target["arch"]), min(SM_SMEM, ring + 1024)
+        waves = ((h, one_wave(h, spec.n, spec.m_bucket, f.bits, sms, sm_smem)) for h in cands if h.stages)
+        return cands + [dataclasses.replace(h, minb=b) for h, b in waves if b]
 
     def cost(self, spec: Any, h: Hints) -> float:
         """≈ 24 KB of weight loads in flight per SM (Little's law at HBM3 latency), the cross-warp
@@ -112,16 +126,18 @@ class Mma(Rule):
         # at 64, 1.2-2.0x at 128
         fold = 1.0 if not h.fold else (1.05 if m_tile <= 16 else 0.9 if m_tile <= 64 else 0.75)
         base = starved * regs * measured * (1 + 0.02 * h.kw) * (1 + 0.05 * (waves > 1))
-        return base * (1 + 0.25 * acts) * fold
+        return base * (1 + 0.25 * acts) * fold * (1.01 if h.minb else 1.0)  # (minb: a twin to measure)
 
     def twins(self, spec: Any, hints: Hints) -> list[Hints]:
-        """``hints`` letting the next kernel in after its wait (``pdl`` 2, where it has 1) and with the
-        block scales folded (``fold``), where those are candidates."""
+        """``hints`` letting the next kernel in after its wait (``pdl`` 2, where it has 1), with the
+        block scales folded (``fold``) and compiled to run its grid as one wave (``minb``,
+        :func:`one_wave`), where those are candidates."""
         if not hints.stages:  # (a ring's options)
             return []
         twins = [dataclasses.replace(hints, pdl=2)] if hints.pdl == 1 else []
         twins += [] if hints.fold else [dataclasses.replace(hints, fold=1)]
         cands = self.candidates(spec)
+        twins += [h for h in cands if h.minb and dataclasses.replace(h, minb=0) == hints]
         return [t for t in twins if t in cands]
 
     def default_hints(self, spec: Any) -> Hints | None:
