@@ -312,11 +312,13 @@ def tuned_hints(
 
     key = tunelog.Key(fmt, n, k, m_bucket, a_dtype, arch_name(target), block_size=block_size).key()
     rec = tunelog.lookup(key, versions(target))
-    return (rec.rule, dict(rec.config)) if rec is not None else None
+    return _typed(dict(rec.config), rec.rule) if rec is not None else None
 
 
 def _typed(hints: Any, rule: str | None) -> tuple[str | None, dict[str, Any] | None]:
-    """(rule, hints as a dict) from a rule's ``Hints`` object, or a dict with the rule named."""
+    """(rule, hints as a dict) from a rule's ``Hints`` object, or a dict with the rule named; the dict
+    of every field (a record or dict that leaves out a field added since is the same kernel, the
+    same cache entry, as one with its default)."""
     if hints is None:
         return rule, None
     from mxgemm import rules
@@ -326,8 +328,8 @@ def _typed(hints: Any, rule: str | None) -> tuple[str | None, dict[str, Any] | N
             raise ValueError(
                 "hints given as a dict need rule= (the rule they belong to); or pass the rule's Hints"
             )
-        rules.get(rule)
-        return rule, hints
+        r = rules.get(rule)
+        return rule, (r.typed(hints).to_dict() if r.Hints is not None else hints)
     name = rules.name_of(hints)
     if rule is not None and rule != name:
         raise ValueError(f"hints {hints!r} belong to rule {name!r}, not {rule!r}")

@@ -103,7 +103,10 @@ class Hints:
     launched early (``pdl``) in beside its own; minb: 0, or the blocks an SM the kernel is compiled to
     hold (``__launch_bounds__``' minimum: ptxas keeps a thread's registers within 64K / (minb ×
     threads)), so a grid a little over what fits an SM's registers runs as one wave instead of a full
-    wave and a thin tail (:func:`mxgemm.rules.mma.one_wave`)."""
+    wave and a thin tail (:func:`mxgemm.rules.mma.one_wave`); quad: 1 (fp4 codes into fp16, where
+    :func:`~mxgemm.codegen.pairs.quad_supported`) for a word's four pairs decoded at once
+    (:func:`~mxgemm.codegen.pairs.decode_quad`: the same bits in ~13 integer ops a word instead of
+    ~21; the decode is most of what the small-M kernel issues), ``shl`` then moot."""
 
     nt: int = 4
     kw: int = 4
@@ -118,6 +121,7 @@ class Hints:
     frag: int = 0
     occ: int = 0
     minb: int = 0
+    quad: int = 0
 
     def __post_init__(self) -> None:
         ok = self.nt in (1, 2, 4, 8) and self.kw in (1, 2, 4, 8) and self.stages in (0, 2, 3, 4)
@@ -129,6 +133,7 @@ class Hints:
         ok = ok and self.fold in ((0, 1) if self.stages else (0,)) and self.frag in (0, 1)
         ok = ok and self.occ in (range(9) if self.stages else (0,))
         ok = ok and 0 <= self.minb and self.minb * 32 * self.kw * self.kn * self.mw <= 2048
+        ok = ok and self.quad in (0, 1)
         if not ok:
             raise ValueError(f"mma hints out of range: {self}")
 
@@ -229,6 +234,10 @@ class _Kernel:
                 f"128 ({fmt.name}: planes {self.widths}, {self.steps * STEP} K a warp)"
             )
         self.fold = pairs.fold(fmt, a_dtype) if h.fold else None
+        if h.quad and not pairs.quad_supported(fmt, a_dtype):
+            raise ValueError(
+                f"mma hints {h}: {fmt.name} codes in {a_dtype} are not decoded four pairs a word"
+            )
         if h.fold and self.fold is None:
             raise ValueError(f"mma hints {h}: {fmt.name} pairs in {a_dtype} take no folded scale")
 
@@ -324,10 +333,16 @@ class _Kernel:
             fac = T.alloc_buffer((h.nt, 2), "uint32", scope="local")
             for t, r in itertools.product(range(h.nt), range(2)):
                 T.buffer_store(fac, factor(t, r), [t, r])
+        rows = itertools.product(range(h.nt), range(2))
+        quads = {(t, r): pairs.decode_quad(self.fmt, word(t, r, 0, 0)) for t, r in rows} if h.quad else {}
         for t, g, q in itertools.product(range(h.nt), range(2), range(4)):
             # a0..a3: rows quad / quad+8 × codes (4g, 4g+1) / (4g+2, 4g+3)
             wd = lambda p, i, t=t, r=q % 2: word(t, r, p, i)  # noqa: E731
-            pair = pairs.decode_pair(self.fmt, wd, 2 * g + q // 2, left=bool(h.shl), dtype=self.a_dtype)
+            pair = (
+                quads[t, q % 2][2 * g + q // 2]
+                if h.quad
+                else pairs.decode_pair(self.fmt, wd, 2 * g + q // 2, left=bool(h.shl), dtype=self.a_dtype)
+            )
             T.buffer_store(self.afr, pair, [t, g, q])
             a = self.afr[t, g, q]
             if factor is None and self.fma is not None:
