@@ -102,12 +102,12 @@ def _run(hints: mma.Hints, m_bucket: int, x: torch.Tensor, q) -> torch.Tensor:
 @hopper
 @pytest.mark.parametrize(("hints", "m_bucket", "rows"), CASES)
 def test_gpu_quad_gives_the_same_bits(hints, m_bucket, rows):
-    """Weights whose rows' scales fold, one 32-block scaled 2**60 above its row (too many binades to
+    """Weights whose rows' scales fold, one 32-block scaled 2**-60 below its row (too many binades to
     fold: that warp runs the plain loop), activations spanning 2**±8: the bits of the kernel without
     ``quad``."""
     torch.manual_seed(11)
     w = torch.randn(N, K, device="cuda") * 0.05
-    w[5, 64:96] *= 2.0**60
+    w[5, 64:96] *= 2.0**-60
     q = reference.quantize(w, "mxfp4")
     x = (torch.randn(rows, K, device="cuda") * 2.0 ** torch.randint(-8, 9, (rows, 1), device="cuda")).half()
     y = _run(hints, m_bucket, x, q)
