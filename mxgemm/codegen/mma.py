@@ -105,8 +105,8 @@ class Hints:
     threads)), so a grid a little over what fits an SM's registers runs as one wave instead of a full
     wave and a thin tail (:func:`mxgemm.rules.mma.one_wave`); quad: 1 (fp4 codes into fp16, where
     :func:`~mxgemm.codegen.pairs.quad_supported`) for a word's four pairs decoded at once
-    (:func:`~mxgemm.codegen.pairs.decode_quad`: the same bits in ~13 integer ops a word instead of
-    ~21; the decode is most of what the small-M kernel issues), ``shl`` then moot."""
+    (:func:`~mxgemm.codegen.pairs.decode_quad`: the same bits in fewer shifts and masks; the decode
+    is most of what the small-M kernel issues), ``shl`` then moot."""
 
     nt: int = 4
     kw: int = 4
