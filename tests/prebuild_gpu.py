@@ -1,7 +1,7 @@
 """Build the CUDA kernels of the GPU tests here (no GPU needed) into $MXGEMM_CACHE_DIR, so a GPU box with
 only the TVM runtime can run them: ``MXGEMM_CACHE_DIR=DIR python -m tests.prebuild_gpu sm_90 [JOBS [SETS]]``
-with SETS a comma list of linear, ops, rules, xs, fold, act, module, minilm, wgmma, split, quad (default:
-all; xs and fold are part of rules; wgmma and quad: sm_90 only)."""
+with SETS a comma list of linear, ops, rules, xs, fold, act, module, minilm, wgmma, split, decode
+(default: all; xs and fold are part of rules; wgmma and decode: sm_90 only)."""
 
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -144,11 +144,12 @@ def wgmma_cases(arch):
                 yield dict(fmt=fmt, n=n, k=k, m_bucket=bucket, a_dtype=dt, target=arch, hints=hints)
 
 
-def quad_cases(arch):
-    """tests.test_mma_quad's GPU test: the mma kernels with and without ``quad`` (Hopper only)."""
-    from tests import test_mma_quad
+def decode_cases(arch):
+    """tests.test_mma_decode's GPU tests: the mma kernels with and without ``quad`` / ``cvt`` (Hopper
+    only)."""
+    from tests import test_mma_decode
 
-    yield from (test_mma_quad.PREBUILD if arch == "sm_90" else ())
+    yield from (test_mma_decode.PREBUILD if arch == "sm_90" else ())
 
 
 def ops_cases(arch):
@@ -183,7 +184,7 @@ SETS = {
     "minilm": minilm_cases,
     "wgmma": wgmma_cases,
     "split": split_cases,
-    "quad": quad_cases,
+    "decode": decode_cases,
 }
 
 

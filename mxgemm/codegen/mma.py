@@ -106,7 +106,10 @@ class Hints:
     wave and a thin tail (:func:`mxgemm.rules.mma.one_wave`); quad: 1 (fp4 codes into fp16, where
     :func:`~mxgemm.codegen.pairs.quad_supported`) for a word's four pairs decoded at once
     (:func:`~mxgemm.codegen.pairs.decode_quad`: the same bits in fewer shifts and masks; the decode
-    is most of what the small-M kernel issues), ``shl`` then moot."""
+    is most of what the small-M kernel issues), ``shl`` then moot; cvt: 1 (8-bit float codes into
+    fp16, :func:`~mxgemm.codegen.pairs.cvt_supported`, no ``fold``) for each pair by one
+    ``cvt.rn.f16x2`` of the two codes (:func:`~mxgemm.codegen.pairs.cvt_pair`) instead of ~4
+    integer ops: the same products, and e4m3's NaN codes NaN."""
 
     nt: int = 4
     kw: int = 4
@@ -122,6 +125,7 @@ class Hints:
     occ: int = 0
     minb: int = 0
     quad: int = 0
+    cvt: int = 0
 
     def __post_init__(self) -> None:
         ok = self.nt in (1, 2, 4, 8) and self.kw in (1, 2, 4, 8) and self.stages in (0, 2, 3, 4)
@@ -133,7 +137,7 @@ class Hints:
         ok = ok and self.fold in ((0, 1) if self.stages else (0,)) and self.frag in (0, 1)
         ok = ok and self.occ in (range(9) if self.stages else (0,))
         ok = ok and 0 <= self.minb and self.minb * 32 * self.kw * self.kn * self.mw <= 2048
-        ok = ok and self.quad in (0, 1)
+        ok = ok and self.quad in (0, 1) and self.cvt in ((0, 1) if not self.fold else (0,))
         if not ok:
             raise ValueError(f"mma hints out of range: {self}")
 
@@ -234,6 +238,8 @@ class _Kernel:
                 f"128 ({fmt.name}: planes {self.widths}, {self.steps * STEP} K a warp)"
             )
         self.fold = pairs.fold(fmt, a_dtype) if h.fold else None
+        if h.cvt and not pairs.cvt_supported(fmt, a_dtype):
+            raise ValueError(f"mma hints {h}: {fmt.name} codes in {a_dtype} take no cvt of fp8 pairs")
         if h.quad and not pairs.quad_supported(fmt, a_dtype):
             raise ValueError(
                 f"mma hints {h}: {fmt.name} codes in {a_dtype} are not decoded four pairs a word"
@@ -338,13 +344,16 @@ class _Kernel:
         for t, g, q in itertools.product(range(h.nt), range(2), range(4)):
             # a0..a3: rows quad / quad+8 × codes (4g, 4g+1) / (4g+2, 4g+3)
             wd = lambda p, i, t=t, r=q % 2: word(t, r, p, i)  # noqa: E731
+            a = self.afr[t, g, q]
+            if h.cvt:  # codes 2p, 2p+1 (p = 2g + q // 2): 16-bit half p % 2 of word p // 2
+                pairs.cvt_pair(T, self.fmt, a, word(t, q % 2, 0, g), q // 2)
+                continue
             pair = (
                 quads[t, q % 2][2 * g + q // 2]
                 if h.quad
                 else pairs.decode_pair(self.fmt, wd, 2 * g + q // 2, left=bool(h.shl), dtype=self.a_dtype)
             )
             T.buffer_store(self.afr, pair, [t, g, q])
-            a = self.afr[t, g, q]
             if factor is None and self.fma is not None:
                 T.evaluate(T.ptx.fma.rn.bf16x2(a, *self.fma.operands(a)))
             elif factor is not None:
@@ -871,7 +880,8 @@ class _Kernel:
                         total = total + tirx.BufferLoad(red, [w_, self.tz, t, a, e, tx])
                     row = (self.my * xt_n + a) * 8 + self.j * 2 + e % 2
                     col = self.n0 + 16 * t + self.quad + 8 * (e // 2)
-                    val = total if self.fold else total * tirx.const(pairs.out_factor(self.fmt), "float32")
+                    factor = 1.0 if self.h.cvt else pairs.out_factor(self.fmt)  # (cvt: true values)
+                    val = total if self.fold else total * tirx.const(factor, "float32")
                     if self.bias:
                         val = val + tirx.Cast("float32", tirx.BufferLoad(self.Bias, [col]))
                     with T.If(tirx.Cast("int64", row) < self.m64):

@@ -150,6 +150,24 @@ def decode_pair(
     return tirx.reinterpret(U32, tirx.reinterpret(f"{dtype}x2", biased) - magic)
 
 
+CVT = {"mxfp8_e4m3": "e4m3x2", "mxfp8_e5m2": "e5m2x2"}  # PTX's packed fp8 pair of each format
+
+
+def cvt_supported(fmt: Format, dtype: str) -> bool:
+    """Whether fp16 pairs of ``fmt`` come from one ``cvt.rn.f16x2.{e4m3x2,e5m2x2}`` (sm_89 and newer):
+    the 8-bit float formats into fp16, every code exact (:func:`cvt_pair`)."""
+    return fmt.name in CVT and dtype == "float16"
+
+
+def cvt_pair(T, fmt: Format, dst, word: PrimExpr, half: int) -> None:  # noqa: N803
+    """Emit into the IR builder ``T`` one ``cvt.rn.f16x2`` of the two codes in 16-bit ``half`` (0 low,
+    1 high) of the uint32 ``word`` (low byte into the low half) into ``dst`` (a uint32 element): the
+    codes' true values, not :func:`decode_pair`'s ``1 / out_factor`` multiple (so its kernel's
+    out factor is 1), and e4m3's NaN codes NaN (:func:`decode_pair` decodes them as finite numbers)."""
+    bits = tirx.Cast("uint16", word >> u32(16 * half) if half else word)
+    T.evaluate(getattr(T.ptx.cvt.rn.f16x2, CVT[fmt.name])(dst, bits))
+
+
 def quad_supported(fmt: Format, dtype: str) -> bool:
     """Whether :func:`decode_quad` serves ``fmt`` in ``dtype``: 4-bit float codes into fp16, where a
     code's sign and exponent-mantissa field land in its half's high byte."""

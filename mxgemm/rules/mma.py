@@ -102,6 +102,8 @@ class Mma(Rule):
         cands = [h for h in cands if fits(h, spec.n, spec.k) and (pdl or not h.pdl) and (folds or not h.fold)]
         if pairs.quad_supported(f, spec.a_dtype):  # (shl moot)
             cands += [dataclasses.replace(h, quad=1) for h in cands if not h.shl]
+        if pairs.cvt_supported(f, spec.a_dtype):  # (shl moot; not folded)
+            cands += [dataclasses.replace(h, cvt=1) for h in cands if not (h.shl or h.fold)]
         sms, sm_smem = targets.sm_count(spec.target["arch"]), min(SM_SMEM, ring + 1024)
         waves = ((h, one_wave(h, spec.n, spec.m_bucket, f.bits, sms, sm_smem)) for h in cands if h.stages)
         return cands + [dataclasses.replace(h, minb=b) for h, b in waves if b]
@@ -128,18 +130,20 @@ class Mma(Rule):
         # at 64, 1.2-2.0x at 128
         fold = 1.0 if not h.fold else (1.05 if m_tile <= 16 else 0.9 if m_tile <= 64 else 0.75)
         base = starved * regs * measured * (1 + 0.02 * h.kw) * (1 + 0.05 * (waves > 1))
-        quad = 0.95 if h.quad else 1.0  # (the wgmma_w lean round's decode_quad)
+        quad = 0.95 if h.quad or h.cvt else 1.0  # (the wgmma_w lean round's decode_quad; one cvt a pair)
         return base * (1 + 0.25 * acts) * fold * quad * (1.01 if h.minb else 1.0)  # (minb: a twin to measure)
 
     def twins(self, spec: Any, hints: Hints) -> list[Hints]:
         """``hints`` letting the next kernel in after its wait (``pdl`` 2, where it has 1), with the
-        block scales folded (``fold``), decoding four pairs a word (``quad``) and compiled to run its
-        grid as one wave (``minb``, :func:`one_wave`), where those are candidates."""
+        block scales folded (``fold``), decoding four pairs a word (``quad``) or a pair by one ``cvt``
+        (``cvt``) and compiled to run its grid as one wave (``minb``, :func:`one_wave`), where those
+        are candidates."""
         if not hints.stages:  # (a ring's options)
             return []
         twins = [dataclasses.replace(hints, pdl=2)] if hints.pdl == 1 else []
         twins += [] if hints.fold else [dataclasses.replace(hints, fold=1)]
         twins += [] if hints.quad else [dataclasses.replace(hints, quad=1, shl=0)]
+        twins += [] if hints.cvt or hints.fold else [dataclasses.replace(hints, cvt=1, shl=0)]
         cands = self.candidates(spec)
         twins += [h for h in cands if h.minb and dataclasses.replace(h, minb=0) == hints]
         return [t for t in twins if t in cands]

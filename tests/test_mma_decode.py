@@ -1,0 +1,202 @@
+"""The ``mma`` kernel's faster decodes: fp4 codes into fp16 four pairs a word (``mma.Hints.quad``,
+:func:`mxgemm.codegen.pairs.decode_quad`) and 8-bit float codes into fp16 by one ``cvt`` a pair
+(``mma.Hints.cvt``, :func:`mxgemm.codegen.pairs.cvt_pair`).
+
+CPU: which hints and formats take them, the rule's twins, and (nvcc) fewer integer ops in the
+kernel's PTX (``cvt``: one conversion a pair). GPU (Hopper): the same output bits as the kernel
+without them, on the ring (one row, PDL), the register pipeline (4 rows), 16 rows (``quad``: folded
+scales) and 32 rows with the activations in the ring, with a block the fold cannot take
+(``quad``) or block scales over 16 binades (``cvt``); an e4m3 NaN code gives NaN (``cvt``).
+"""
+
+import dataclasses
+import re
+import subprocess
+
+import pytest
+import torch
+
+import mxgemm
+from mxgemm import formats, layout, reference
+from mxgemm.codegen import build as builder
+from mxgemm.codegen import mma, pairs
+from mxgemm.codegen import target as targets
+from mxgemm.rules import mma as mma_rule
+
+N, K = 512, 2048  # (8 warps splitting K take 8 steps each: one ring iteration)
+# (hints with quad, M bucket, rows)
+CASES = [
+    (mma.Hints(nt=1, kw=8, unroll=8, stages=2, pdl=2, quad=1), 1, 1),
+    (mma.Hints(nt=2, kw=4, unroll=4, stages=0, quad=1), 4, 3),
+    (mma.Hints(nt=2, kw=4, unroll=8, stages=2, fold=1, quad=1), 16, 13),
+    (mma.Hints(nt=2, kw=1, kn=8, unroll=8, stages=2, fold=1, xs=1, quad=1), 32, 29),
+]
+# (hints with cvt, M bucket, rows): as CASES, without folded scales
+CVT_CASES = [(dataclasses.replace(h, quad=0, fold=0, cvt=1), m, rows) for h, m, rows in CASES]
+CVT_FORMATS = ("mxfp8_e4m3", "mxfp8_e5m2")
+# the kernels of the GPU tests, mxgemm.build's arguments, for tests.prebuild_gpu
+PREBUILD = [
+    dict(fmt="mxfp4", n=N, k=K, m_bucket=m, target="sm_90", hints=h, rule="mma")
+    for hints, m, _ in CASES
+    for h in (hints.to_dict(), dataclasses.replace(hints, quad=0).to_dict())
+]
+PREBUILD += [
+    dict(fmt=f, n=N, k=K, m_bucket=m, target="sm_90", hints=h, rule="mma")
+    for f in CVT_FORMATS
+    for hints, m, _ in CVT_CASES
+    for h in (hints.to_dict(), dataclasses.replace(hints, cvt=0).to_dict())
+]
+
+
+def test_quad_is_fp4_into_fp16_only():
+    with pytest.raises(ValueError, match="mma hints out of range"):
+        mma.Hints(quad=2)
+    quad = mma.Hints(nt=1, kw=8, unroll=8, stages=2, quad=1)
+    for fmt, dtype in (("mxfp4", "bfloat16"), ("mxfp6_e2m3", "float16"), ("mxint8", "float16")):
+        with pytest.raises(ValueError, match=f"{fmt} codes in {dtype} are not decoded four pairs a word"):
+            mma.kernel(formats.get(fmt), n=N, k=K, m_tile=1, out_dtype=dtype, bias=False, block_size=32,
+                       hints=quad, a_dtype=dtype)  # fmt: skip
+
+
+def test_the_rule_offers_quad_as_a_twin_for_fp4_in_fp16():
+    """Candidates with ``quad`` exist exactly for fp4 in fp16 (and never with ``shl``, which it makes
+    moot); a record without it has the twin with it (``shl`` dropped)."""
+    record = mma.Hints(nt=1, kw=8, unroll=8, stages=2, pdl=2, shl=1)
+    for fmt, dtype, offered in (
+        ("mxfp4", "float16", True),
+        ("mxfp4", "bfloat16", False),
+        ("mxfp8_e4m3", "float16", False),
+    ):
+        spec = builder.KernelSpec(fmt, 4096, 4096, 1, dtype, dtype, False, 32, targets.resolve("sm_90"))
+        cands = mma_rule.RULE.candidates(spec)
+        assert any(h.quad for h in cands) == offered and not any(h.quad and h.shl for h in cands)
+        twin = dataclasses.replace(record, quad=1, shl=0)
+        assert (twin in mma_rule.RULE.twins(spec, record)) == offered
+
+
+def test_cvt_is_fp8_into_fp16_only():
+    with pytest.raises(ValueError, match="mma hints out of range"):  # (fold's multipliers: decode_pair's)
+        mma.Hints(stages=2, unroll=8, fold=1, cvt=1)
+    cvt = mma.Hints(nt=1, kw=8, unroll=8, stages=2, cvt=1)
+    for fmt, dtype in (("mxfp8_e4m3", "bfloat16"), ("mxfp4", "float16"), ("mxint8", "float16")):
+        with pytest.raises(ValueError, match=f"{fmt} codes in {dtype} take no cvt of fp8 pairs"):
+            mma.kernel(formats.get(fmt), n=N, k=K, m_tile=1, out_dtype=dtype, bias=False, block_size=32,
+                       hints=cvt, a_dtype=dtype)  # fmt: skip
+
+
+def test_the_rule_offers_cvt_as_a_twin_for_fp8_in_fp16():
+    record = mma.Hints(nt=1, kw=8, unroll=8, stages=2, pdl=2, shl=1)
+    for fmt, dtype, offered in (
+        ("mxfp8_e4m3", "float16", True),
+        ("mxfp8_e5m2", "float16", True),
+        ("mxfp8_e4m3", "bfloat16", False),
+        ("mxint8", "float16", False),
+    ):
+        spec = builder.KernelSpec(fmt, 4096, 4096, 1, dtype, dtype, False, 32, targets.resolve("sm_90"))
+        cands = mma_rule.RULE.candidates(spec)
+        assert any(h.cvt for h in cands) == offered and not any(h.cvt and (h.shl or h.fold) for h in cands)
+        assert (dataclasses.replace(record, cvt=1, shl=0) in mma_rule.RULE.twins(spec, record)) == offered
+
+
+def _ptx(tmp_path, fmt, hints) -> str:
+    k = mxgemm.build(fmt, n=N, k=K, m_bucket=1, target="sm_90", hints=hints, rule="mma")
+    cu, ptx = tmp_path / "k.cu", tmp_path / "k.ptx"
+    cu.write_text(k.source)
+    subprocess.run(["nvcc", "-ptx", "-O3", "-arch=sm_90", "-o", str(ptx), str(cu)], check=True)
+    return ptx.read_text()
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("fmt", CVT_FORMATS)
+def test_cvt_converts_each_pair_once(tmp_path, fmt):
+    """The one-row ring kernel (8 warps, one iteration of 8 steps, one 16-row tile): one
+    ``cvt.rn.f16x2`` a pair (2 rows × 8 steps × 4 pairs a lane) and fewer shifts and logic ops."""
+    ops = lambda text: len(re.findall(r"^\s*(?:shl|shr|and|or|xor|lop3|prmt)\.", text, re.M))  # noqa: E731
+    hints = CVT_CASES[0][0]
+    cvt = _ptx(tmp_path, fmt, hints.to_dict())
+    plain = _ptx(tmp_path, fmt, dataclasses.replace(hints, cvt=0).to_dict())
+    assert len(re.findall(rf"cvt\.rn\.f16x2\.{pairs.CVT[fmt]}", cvt)) == 2 * 8 * 4
+    assert "cvt.rn.f16x2" not in plain and ops(cvt) < ops(plain)
+
+
+@pytest.mark.nvcc
+def test_quad_issues_fewer_integer_ops(tmp_path):
+    """The one-row ring kernel's PTX: the same byte permutes (one a pair) and fewer shifts and logic
+    ops (a word's sign and field bytes made four codes at once, instead of two a pair)."""
+
+    def integer_ops(hints):
+        k = mxgemm.build("mxfp4", n=N, k=K, m_bucket=1, target="sm_90", hints=hints, rule="mma")
+        cu, ptx = tmp_path / "k.cu", tmp_path / "k.ptx"
+        cu.write_text(k.source)
+        subprocess.run(["nvcc", "-ptx", "-O3", "-arch=sm_90", "-o", str(ptx), str(cu)], check=True)
+        text = ptx.read_text()
+        ops = len(re.findall(r"^\s*(?:shl|shr|and|or|xor|lop3)\.", text, re.M))
+        return ops, len(re.findall(r"^\s*prmt\.", text, re.M))
+
+    quad = CASES[0][0]
+    plain = integer_ops(dataclasses.replace(quad, quad=0).to_dict())
+    ops, prmts = integer_ops(quad.to_dict())
+    assert prmts == plain[1] and ops < plain[0], (ops, prmts, plain)
+
+
+# ---- on a Hopper GPU -------------------------------------------------------------------------------
+
+hopper = pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+    reason="needs a Hopper GPU",
+)
+
+
+def _run(hints: mma.Hints, m_bucket: int, x: torch.Tensor, q, fmt: str = "mxfp4") -> torch.Tensor:
+    k = mxgemm.build(fmt, n=N, k=K, m_bucket=m_bucket, target="sm_90", hints=hints.to_dict(), rule="mma")
+    y = torch.empty(x.shape[0], N, dtype=x.dtype, device="cuda")
+    builder.launch(k, [x, *layout.to_planes(q.blocks, formats.get(fmt).bits), q.scales, y])
+    return y
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize(("hints", "m_bucket", "rows"), CASES)
+def test_gpu_quad_gives_the_same_bits(hints, m_bucket, rows):
+    """Weights whose rows' scales fold, one 32-block scaled 2**-60 below its row (too many binades to
+    fold: that warp runs the plain loop), activations spanning 2**±8: the bits of the kernel without
+    ``quad``."""
+    torch.manual_seed(11)
+    w = torch.randn(N, K, device="cuda") * 0.05
+    w[5, 64:96] *= 2.0**-60
+    q = reference.quantize(w, "mxfp4")
+    x = (torch.randn(rows, K, device="cuda") * 2.0 ** torch.randint(-8, 9, (rows, 1), device="cuda")).half()
+    y = _run(hints, m_bucket, x, q)
+    want = _run(dataclasses.replace(hints, quad=0), m_bucket, x, q)
+    assert torch.isfinite(want).all() and torch.equal(y, want)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("fmt", CVT_FORMATS)
+@pytest.mark.parametrize(("hints", "m_bucket", "rows"), CVT_CASES)
+def test_gpu_cvt_gives_the_same_bits(fmt, hints, m_bucket, rows):
+    """Weights whose blocks are scaled over 2**-16..1, activations over 2**-6..4: the bits of the
+    kernel without ``cvt`` (whose pairs are the values times ``2**(bias - 15)``, brought back per
+    output)."""
+    torch.manual_seed(12)
+    binades = torch.randint(-16, 1, (N, K // 32), device="cuda").repeat_interleave(32, 1)
+    q = reference.quantize(torch.randn(N, K, device="cuda") * 2.0**binades, fmt)
+    x = (torch.randn(rows, K, device="cuda") * 2.0 ** torch.randint(-6, 3, (rows, 1), device="cuda")).half()
+    y = _run(hints, m_bucket, x, q, fmt)
+    want = _run(dataclasses.replace(hints, cvt=0), m_bucket, x, q, fmt)
+    assert torch.isfinite(want).all() and torch.equal(y, want)
+
+
+@pytest.mark.gpu
+@hopper
+def test_gpu_cvt_gives_nan_for_an_e4m3_nan_code():
+    """An e4m3 NaN element code (0x7F; quantize never writes one) gives NaN in its output column, as
+    the OCP spec and ml_dtypes decode it; the other outputs (one-hot row: the weights themselves) finite."""
+    torch.manual_seed(13)
+    q = reference.quantize(torch.randn(N, K, device="cuda"), "mxfp8_e4m3")
+    q.blocks[3, 100] = 0x7F
+    x = torch.zeros(1, K, dtype=torch.float16, device="cuda")
+    x[0, 100] = 1.0
+    y = _run(CVT_CASES[0][0], 1, x, q, "mxfp8_e4m3")[0]
+    assert y[3].isnan() and torch.isfinite(torch.cat([y[:3], y[4:]])).all()
