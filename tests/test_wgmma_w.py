@@ -375,6 +375,10 @@ PDL = wgmma_w.Hints(2, 4, 1, mt=64, splits=2, ring=1, tma=2, prod=2, lean=2, pdl
 PDL_CASES = [(PDL, 77), (dataclasses.replace(EARLY, pdl=1), 77), (wgmma_w.Hints(1, 4, 1, mt=64, pdl=1), 37)]
 PDL_CASES += [(dataclasses.replace(PDL, pdl=2), 77)]  # the next kernel let in after the wait
 PDL_N = 512  # test_gpu_pdl_chain's layer: n = k, each launch reading the output of the one before
+# 8-bit float codes into fp16 by one cvt a pair: a cluster of 2 splits with a producer (codes by TMA,
+# fragment order), one warpgroup on the block-barrier ring, a 256-row tile (a step's words read late)
+CVT_CASES = [(dataclasses.replace(FRAG, cvt=1), 77), (dataclasses.replace(EARLY_PLAIN, cvt=1), 37)]
+CVT_CASES += [(dataclasses.replace(FRAG_BIG, frag=0, cvt=1), 300)]
 # test_gpu_an_option_gives_the_same_bits's: (option, hints with it, rows)
 SAME_BITS = [
     (o, h, m)
@@ -411,6 +415,12 @@ PREBUILD += [  # _assert_same_bits's: each case without its option and with it
     if wgmma_w.applies(formats.get(f), 256, 512, dt, h) is None
 ]
 PREBUILD += [("mxfp4", PDL_N, PDL_N, dt, False, h) for dt in ("float16", "bfloat16") for h, _ in PDL_CASES]
+PREBUILD += [  # test_gpu_cvt_gives_the_same_bits's
+    (f, 256, 512, "float16", False, h)
+    for f in ("mxfp8_e4m3", "mxfp8_e5m2")
+    for case, _ in CVT_CASES
+    for h in (dataclasses.replace(case, cvt=0), case)
+]
 # test_gpu_linear_runs_the_records_kernel's: its record's layer, n, k, bucket and hints
 LINEAR = ("mxfp4", 512, 1024, 128, wgmma_w.Hints(2, 4, 1, mt=64, splits=2, ring=1, tma=2))
 LINEAR_384 = ("mxfp4", 512, 1024, 384, wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2, prod=2, lean=1))
@@ -551,6 +561,45 @@ def _assert_same_bits(fmt, dtype, hints, without, m, fold, seed):
     y0 = _run(fmt, x, q, dtype, without)
     y1 = _run(fmt, x, q, dtype, hints)
     assert torch.equal(y0.view(torch.int16), y1.view(torch.int16))
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
+@pytest.mark.parametrize(("hints", "m"), CVT_CASES)
+@pytest.mark.parametrize("fold", [True, False])
+def test_gpu_cvt_gives_the_same_bits(fmt, hints, m, fold):
+    """``cvt`` (each fp16 pair of 8-bit float codes by one ``cvt.rn.f16x2``: the elements themselves,
+    folded by a fold of true values and brought to scale without the out factor) gives the bits of
+    the kernel that decodes pairs by shifts and masks, on rows that fold and with a block that does
+    not."""
+    _assert_same_bits(fmt, "float16", hints, dataclasses.replace(hints, cvt=0), m, fold, 8)
+
+
+@pytest.mark.nvcc
+def test_cvt_converts_each_pair_once(tmp_path):
+    """The kernel's source holds the ``cvt.rn.f16x2`` of the format's fp8 pairs, in a multiple of a
+    step's 8 pairs, and fewer byte permutes than the kernel that decodes by shifts and masks (one a
+    pair there); bf16 activations and fp4 codes take no ``cvt``."""
+    import tvm
+
+    from mxgemm.codegen import pairs
+    from mxgemm.codegen.wgmma import TARGET
+
+    hints = CVT_CASES[1][0]
+    for fmt in ("mxfp8_e4m3", "mxfp8_e5m2"):
+        sources = []
+        for i, h in enumerate((hints, dataclasses.replace(hints, cvt=0))):
+            f = wgmma_w.kernel(formats.get(fmt), n=256, k=512, out_dtype="float16", bias=False,
+                               a_dtype="float16", hints=h)  # fmt: skip
+            meta = builder.compile_export(tvm.IRModule({"main": f}), TARGET, tmp_path / f"{fmt}{i}.so")
+            sources.append(meta["source"])
+        assert f"cvt.rn.f16x2.{pairs.CVT[fmt]}" in sources[0] and "cvt.rn.f16x2" not in sources[1]
+        cvt, plain = (src[src.index("__global__") :] for src in sources)
+        calls = cvt.count("tvm_builtin_ptx_cvt_f16x2_f8x2")
+        assert calls and calls % 8 == 0 and cvt.count("__byte_perm(") < plain.count("__byte_perm(")
+    assert "take no cvt" in wgmma_w.applies(formats.get("mxfp8_e4m3"), 256, 512, "bfloat16", hints)
+    assert "take no cvt" in wgmma_w.applies(formats.get("mxfp4"), 256, 512, "float16", hints)
 
 
 @pytest.mark.nvcc

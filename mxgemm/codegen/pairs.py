@@ -266,8 +266,10 @@ class Fold:
     merged: bool
 
 
-def fold(fmt: Format, dtype: str) -> Fold | None:
-    """The :class:`Fold` of ``fmt``'s pairs in ``dtype``, None where no exponent range is exact.
+def fold(fmt: Format, dtype: str, true_values: bool = False) -> Fold | None:
+    """The :class:`Fold` of ``fmt``'s pairs in ``dtype``, None where no exponent range is exact;
+    ``true_values``: of pairs holding the elements themselves (:func:`cvt_pair`'s), not over
+    :func:`out_factor`.
 
     ``c`` is exact where every code's pair (its element over :func:`out_factor`, specials decoded as
     ordinary codes; e5m2's inf/NaN stay so) times ``2**c`` is a ``dtype`` number: the largest under
@@ -282,8 +284,9 @@ def fold(fmt: Format, dtype: str) -> Fold | None:
     else:
         free = fmt.specials != "ieee"  # all-ones exponent codes decode as ordinary numbers
         exp_top = 2**fmt.ebits - 1 - fmt.bias if free else fmt.emax
-        top = 2.0**exp_top * (2 - 2.0**-fmt.mbits) / out_factor(fmt)
-        step = fmt.min_subnormal / out_factor(fmt)
+        factor = 1.0 if true_values else out_factor(fmt)
+        top = 2.0**exp_top * (2 - 2.0**-fmt.mbits) / factor
+        step = fmt.min_subnormal / factor
     hi = math.floor(math.log2(_LARGEST[dtype] / top))
     lo = math.ceil(_LOWEST_QUANTUM[dtype] - math.log2(step))
     merged = dtype == "bfloat16" and bf16_fma(fmt, dtype) is not None and fmt.kind == "float"

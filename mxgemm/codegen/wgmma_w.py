@@ -150,7 +150,10 @@ class Hints:
     it loads an activation or writes anything (the second kernel of a split K waits at its start); 1
     lets the next kernel in the stream start at once (``griddepcontrol.launch_dependents`` first: on a
     grid short of the SMs the kernels after it start too, each prefetching), 2 once the previous kernel
-    is done (after the wait: one kernel ahead at most)."""
+    is done (after the wait: one kernel ahead at most); cvt: 1 (8-bit float codes into fp16,
+    :func:`~mxgemm.codegen.pairs.cvt_supported`) for each pair by one ``cvt.rn.f16x2``
+    (:func:`~mxgemm.codegen.pairs.cvt_pair`: the elements themselves, folded and brought to scale
+    accordingly; e4m3's NaN codes NaN)."""
 
     wg: int = 2
     stages: int = 4
@@ -166,6 +169,7 @@ class Hints:
     early: int = 0
     frag: int = 0
     pdl: int = 0
+    cvt: int = 0
 
     def __post_init__(self) -> None:
         ok = self.wg in (1, 2, 3, 4) and 3 <= self.stages <= 6 and self.double in (0, 1)
@@ -175,13 +179,13 @@ class Hints:
         ok = ok and (self.prod < 2 or self.wg <= 2) and self.lean in (0, 1, 2)
         ok = ok and self.cluster in (0, 1) and (not self.cluster or self.splits > 1)
         ok = ok and self.early in (0, 1) and not (self.early and self.sk) and self.frag in (0, 1)
-        ok = ok and self.pdl in (0, 1, 2) and not (self.pdl and self.sk)
+        ok = ok and self.pdl in (0, 1, 2) and not (self.pdl and self.sk) and self.cvt in (0, 1)
         if not ok or self.tma not in TMA or (self.tma and not self.ring):
             raise ValueError(
                 f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 16|32|64|128|256, "
                 "splits 1|2|4|8, ring 0|1, tma 0|1|2 (with ring 1), sk 0|1|2 (with ring 1 and splits 1), "
                 "prod 0|1|2 (with tma 2; 2 with wg 1|2), lean 0|1|2, cluster 0|1 (1 with splits > 1), "
-                "early 0|1 (1 with sk 0), frag 0|1, pdl 0|1|2 (sk 0)"
+                "early 0|1 (1 with sk 0), frag 0|1, pdl 0|1|2 (sk 0), cvt 0|1"
             )
 
     def to_dict(self) -> dict[str, int]:
@@ -209,6 +213,8 @@ def applies(fmt: formats.Format, n: int, k: int, a_dtype: str, h: Hints = Hints(
         return f"{fmt.name}: codes of {fmt.bits} bits (one plane of 4 or 8 bits wanted)"
     if pairs.fold(fmt, a_dtype) is None:
         return f"{fmt.name} pairs in {a_dtype} take no folded scale"
+    if h.cvt and not pairs.cvt_supported(fmt, a_dtype):
+        return f"{fmt.name} codes in {a_dtype} take no cvt of fp8 pairs"
     if n % (64 * h.wg):
         return f"N={n} is not a multiple of {64 * h.wg}"
     if k % (h.splits * (2 * BK if h.double else BK)):
@@ -271,7 +277,7 @@ class _Kernel:
         self.T, self.fmt, self.n, self.k, self.m_tile = T, fmt, n, k, h.mt
         self.out_dtype, self.bias, self.a_dtype, self.h = out_dtype, bias, a_dtype, h
         self.w = fmt.bits  # bytes of a lane's 8 codes of a row
-        self.fold = pairs.fold(fmt, a_dtype)
+        self.fold = pairs.fold(fmt, a_dtype, true_values=bool(h.cvt))
         self.fma = pairs.bf16_fma(fmt, a_dtype)
         self.quads = h.lean and pairs.quad_supported(fmt, a_dtype)  # (one plane of 4-bit codes)
         self.codes_off, self.scales_off, self.slot = h.slot_bytes(fmt.bits)
@@ -527,7 +533,7 @@ class _Kernel:
         T.buffer_store(ok, tirx.const(1, "int32"), [0])
         self.fold_add = T.alloc_buffer((2,), "uint32", scope="local")
         self.out_exp = T.alloc_buffer((2,), "int32", scope="local")
-        oe = round(math.log2(pairs.out_factor(self.fmt)))
+        oe = 0 if self.h.cvt else round(math.log2(pairs.out_factor(self.fmt)))  # (cvt: true values)
         for r in range(2):
             good, add, exp = pairs.fold_row(T, fold, hi, lo, [r])
             good = tirx.Cast("int32", good)
@@ -713,12 +719,14 @@ class _Kernel:
             for g, q in itertools.product(range(2), range(4)):
                 # wgmma g's A: rows quad / quad+8 (q % 2) × K 16g + 2j.. / +8 (q // 2)
                 wd = lambda p, i, u=u, r=q % 2: tirx.BufferLoad(words, [u, r, i])  # noqa: E731
-                if self.quads:
-                    pair = quads[q % 2][2 * g + q // 2]
+                a = self.afr[buf, u, g, q]
+                if self.h.cvt:  # codes 2p, 2p+1 (p = 2g + q // 2): 16-bit half p % 2 of word p // 2
+                    pairs.cvt_pair(T, self.fmt, a, tirx.BufferLoad(words, [u, q % 2, g]), q // 2)
+                elif self.quads:
+                    T.buffer_store(self.afr, quads[q % 2][2 * g + q // 2], [buf, u, g, q])
                 else:
                     pair = pairs.decode_pair(self.fmt, wd, 2 * g + q // 2, dtype=self.a_dtype)
-                T.buffer_store(self.afr, pair, [buf, u, g, q])
-                a = self.afr[buf, u, g, q]
+                    T.buffer_store(self.afr, pair, [buf, u, g, q])
                 if self.fma is not None and not (fold and self.fold.merged):  # the magic number
                     T.evaluate(fma(a, *self.fma.operands(a)))
                 if fold:

@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 from mxgemm import formats
+from mxgemm.codegen import pairs
 from mxgemm.codegen import target as targets
 from mxgemm.codegen.shapes import WIDE_M_BUCKETS
 from mxgemm.codegen.wgmma_w import M_TILES, PROD, SK, SPLITS, TMA, Hints, applies, kernel
@@ -72,12 +73,14 @@ class WgmmaW(Rule):
             for e in ((0,) if p[7] else (0, 1))
             for d in ((0,) if p[7] else (0, 1, 2))
         )
-        return [
+        cands = [
             h
             for h in hints
             if (h.splits == 1 or _blocks(spec, h) * (h.splits // 2) < _slots(spec, h) or _evens(spec, h))
             and applies(f, spec.n, spec.k, spec.a_dtype, h) is None
         ]
+        cvt = pairs.cvt_supported(f, spec.a_dtype)  # (one cvt a pair of 8-bit float codes into fp16)
+        return cands + [dataclasses.replace(h, cvt=1) for h in cands] if cvt else cands
 
     def cost(self, spec: Any, h: Hints) -> float:
         """What the H200 tuning measured (``tune-wgmma_w-r1-cdcc9f8.jsonl``: 8 shapes × 64 and 128 rows,
@@ -158,7 +161,12 @@ class WgmmaW(Rule):
         pays per tile a block runs: on 8192² at 128 rows two warpgroups × 128 rows took 0.77x the
         time of × 64), where those are candidates."""
         leaner = hints if hints.lean else _replaced(hints, lean=1) or hints  # (the twins below lean too)
-        twins = [_replaced(hints, pdl=1), _replaced(hints, pdl=2), _replaced(hints, early=1)]
+        twins = [
+            _replaced(hints, cvt=1),
+            _replaced(hints, pdl=1),
+            _replaced(hints, pdl=2),
+            _replaced(hints, early=1),
+        ]
         twins += [_replaced(leaner, cluster=1, splits=2)] if hints.splits > 1 else []
         twins += [
             leaner,
