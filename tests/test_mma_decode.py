@@ -96,6 +96,16 @@ def test_the_rule_offers_cvt_as_a_twin_for_fp8_in_fp16():
         cands = mma_rule.RULE.candidates(spec)
         assert any(h.cvt for h in cands) == offered and not any(h.cvt and (h.shl or h.fold) for h in cands)
         assert (dataclasses.replace(record, cvt=1, shl=0) in mma_rule.RULE.twins(spec, record)) == offered
+    # a record with cvt has no folded twin (cvt and fold do not go together), a folded one no cvt twin
+    spec = builder.KernelSpec(
+        "mxfp8_e4m3", 28672, 8192, 1, "float16", "float16", False, 32, targets.resolve("sm_90")
+    )
+    cvt = dataclasses.replace(record, shl=0, cvt=1)
+    assert dataclasses.replace(record, pdl=2, shl=0, cvt=1) in mma_rule.RULE.twins(
+        spec, dataclasses.replace(cvt, pdl=1)
+    )
+    assert not any(t.fold for t in mma_rule.RULE.twins(spec, cvt))
+    assert not any(t.cvt for t in mma_rule.RULE.twins(spec, dataclasses.replace(record, fold=1)))
 
 
 def _ptx(tmp_path, fmt, hints) -> str:

@@ -79,6 +79,14 @@ def one_wave(h: Hints, n: int, m_tile: int, bits: int, sms: int, sm_smem: int = 
     return per_sm if per_sm > 1 and fits else 0
 
 
+def _replaced(h: Hints, **changes: int) -> Hints | None:
+    """``h`` with ``changes``, or None where they make no valid hint set (``cvt`` with ``fold``)."""
+    try:
+        return dataclasses.replace(h, **changes)
+    except ValueError:
+        return None
+
+
 class Mma(Rule):
     """fp16 or bf16 activations, a bucket of :data:`M_TILES`, a format whose codes are exact in that
     dtype (:func:`mxgemm.codegen.pairs.supported`), one scale per step (block ≥ 32) and a shape some hints
@@ -140,13 +148,12 @@ class Mma(Rule):
         are candidates."""
         if not hints.stages:  # (a ring's options)
             return []
-        twins = [dataclasses.replace(hints, pdl=2)] if hints.pdl == 1 else []
-        twins += [] if hints.fold else [dataclasses.replace(hints, fold=1)]
-        twins += [] if hints.quad else [dataclasses.replace(hints, quad=1, shl=0)]
-        twins += [] if hints.cvt or hints.fold else [dataclasses.replace(hints, cvt=1, shl=0)]
+        options = [dict(pdl=2)] if hints.pdl == 1 else []
+        options += [dict(fold=1), dict(quad=1, shl=0), dict(cvt=1, shl=0)]
+        twins = [_replaced(hints, **o) for o in options]
         cands = self.candidates(spec)
         twins += [h for h in cands if h.minb and dataclasses.replace(h, minb=0) == hints]
-        return [t for t in twins if t in cands]
+        return [t for t in dict.fromkeys(twins) if t is not None and t != hints and t in cands]
 
     def default_hints(self, spec: Any) -> Hints | None:
         """The first candidate of the arch's table row (``schedules/<arch>.json``: by M tile and 16-row
