@@ -48,54 +48,59 @@ PREBUILD += [
 ]
 
 
-def test_quad_is_fp4_into_fp16_only():
+@pytest.mark.parametrize(
+    ("option", "why", "declined"),
+    [
+        (
+            "quad",
+            "are not decoded four pairs a word",
+            [("mxfp4", "bfloat16"), ("mxfp6_e2m3", "float16"), ("mxint8", "float16")],
+        ),
+        (
+            "cvt",
+            "take no cvt of fp8 pairs",
+            [("mxfp8_e4m3", "bfloat16"), ("mxfp4", "float16"), ("mxint8", "float16")],
+        ),
+    ],
+)
+def test_each_decode_takes_its_formats_only(option, why, declined):
+    """``quad``: fp4 into fp16; ``cvt``: e4m3 / e5m2 into fp16, never folded (the fold's multipliers
+    are made for :func:`~mxgemm.codegen.pairs.decode_pair`'s pairs)."""
     with pytest.raises(ValueError, match="mma hints out of range"):
-        mma.Hints(quad=2)
-    quad = mma.Hints(nt=1, kw=8, unroll=8, stages=2, quad=1)
-    for fmt, dtype in (("mxfp4", "bfloat16"), ("mxfp6_e2m3", "float16"), ("mxint8", "float16")):
-        with pytest.raises(ValueError, match=f"{fmt} codes in {dtype} are not decoded four pairs a word"):
-            mma.kernel(formats.get(fmt), n=N, k=K, m_tile=1, out_dtype=dtype, bias=False, block_size=32,
-                       hints=quad, a_dtype=dtype)  # fmt: skip
-
-
-def test_the_rule_offers_quad_as_a_twin_for_fp4_in_fp16():
-    """Candidates with ``quad`` exist exactly for fp4 in fp16 (and never with ``shl``, which it makes
-    moot); a record without it has the twin with it (``shl`` dropped)."""
-    record = mma.Hints(nt=1, kw=8, unroll=8, stages=2, pdl=2, shl=1)
-    for fmt, dtype, offered in (
-        ("mxfp4", "float16", True),
-        ("mxfp4", "bfloat16", False),
-        ("mxfp8_e4m3", "float16", False),
-    ):
-        spec = builder.KernelSpec(fmt, 4096, 4096, 1, dtype, dtype, False, 32, targets.resolve("sm_90"))
-        cands = mma_rule.RULE.candidates(spec)
-        assert any(h.quad for h in cands) == offered and not any(h.quad and h.shl for h in cands)
-        twin = dataclasses.replace(record, quad=1, shl=0)
-        assert (twin in mma_rule.RULE.twins(spec, record)) == offered
-
-
-def test_cvt_is_fp8_into_fp16_only():
-    with pytest.raises(ValueError, match="mma hints out of range"):  # (fold's multipliers: decode_pair's)
+        mma.Hints(**{option: 2})
+    with pytest.raises(ValueError, match="mma hints out of range"):
         mma.Hints(stages=2, unroll=8, fold=1, cvt=1)
-    cvt = mma.Hints(nt=1, kw=8, unroll=8, stages=2, cvt=1)
-    for fmt, dtype in (("mxfp8_e4m3", "bfloat16"), ("mxfp4", "float16"), ("mxint8", "float16")):
-        with pytest.raises(ValueError, match=f"{fmt} codes in {dtype} take no cvt of fp8 pairs"):
+    hints = mma.Hints(nt=1, kw=8, unroll=8, stages=2, **{option: 1})
+    for fmt, dtype in declined:
+        with pytest.raises(ValueError, match=f"{fmt} codes in {dtype} {why}"):
             mma.kernel(formats.get(fmt), n=N, k=K, m_tile=1, out_dtype=dtype, bias=False, block_size=32,
-                       hints=cvt, a_dtype=dtype)  # fmt: skip
+                       hints=hints, a_dtype=dtype)  # fmt: skip
 
 
-def test_the_rule_offers_cvt_as_a_twin_for_fp8_in_fp16():
+@pytest.mark.parametrize(
+    ("option", "offered"),
+    [
+        ("quad", {("mxfp4", "float16")}),
+        ("cvt", {("mxfp8_e4m3", "float16"), ("mxfp8_e5m2", "float16")}),
+    ],
+)
+def test_the_rule_offers_each_decode_as_a_twin_for_its_formats(option, offered):
+    """Candidates with the option exist exactly for its formats and dtype (never with ``shl``, which
+    it makes moot, nor ``cvt`` with ``fold``); a record without it has the twin with it (``shl``
+    dropped)."""
     record = mma.Hints(nt=1, kw=8, unroll=8, stages=2, pdl=2, shl=1)
-    for fmt, dtype, offered in (
-        ("mxfp8_e4m3", "float16", True),
-        ("mxfp8_e5m2", "float16", True),
-        ("mxfp8_e4m3", "bfloat16", False),
-        ("mxint8", "float16", False),
-    ):
-        spec = builder.KernelSpec(fmt, 4096, 4096, 1, dtype, dtype, False, 32, targets.resolve("sm_90"))
-        cands = mma_rule.RULE.candidates(spec)
-        assert any(h.cvt for h in cands) == offered and not any(h.cvt and (h.shl or h.fold) for h in cands)
-        assert (dataclasses.replace(record, cvt=1, shl=0) in mma_rule.RULE.twins(spec, record)) == offered
+    for fmt in ("mxfp4", "mxfp8_e4m3", "mxfp8_e5m2", "mxint8"):
+        for dtype in ("float16", "bfloat16"):
+            spec = builder.KernelSpec(fmt, 4096, 4096, 1, dtype, dtype, False, 32, targets.resolve("sm_90"))
+            cands = mma_rule.RULE.candidates(spec)
+            on = [h for h in cands if getattr(h, option)]
+            assert bool(on) == ((fmt, dtype) in offered) and not any(h.shl or (h.cvt and h.fold) for h in on)
+            twin = dataclasses.replace(record, shl=0, **{option: 1})
+            assert (twin in mma_rule.RULE.twins(spec, record)) == ((fmt, dtype) in offered)
+
+
+def test_cvt_and_fold_twins_exclude_each_other():
+    record = mma.Hints(nt=1, kw=8, unroll=8, stages=2, pdl=2, shl=1)
     # a record with cvt has no folded twin (cvt and fold do not go together), a folded one no cvt twin
     spec = builder.KernelSpec(
         "mxfp8_e4m3", 28672, 8192, 1, "float16", "float16", False, 32, targets.resolve("sm_90")
@@ -135,11 +140,7 @@ def test_quad_issues_fewer_integer_ops(tmp_path):
     ops (a word's sign and field bytes made four codes at once, instead of two a pair)."""
 
     def integer_ops(hints):
-        k = mxgemm.build("mxfp4", n=N, k=K, m_bucket=1, target="sm_90", hints=hints, rule="mma")
-        cu, ptx = tmp_path / "k.cu", tmp_path / "k.ptx"
-        cu.write_text(k.source)
-        subprocess.run(["nvcc", "-ptx", "-O3", "-arch=sm_90", "-o", str(ptx), str(cu)], check=True)
-        text = ptx.read_text()
+        text = _ptx(tmp_path, "mxfp4", hints)
         ops = len(re.findall(r"^\s*(?:shl|shr|and|or|xor|lop3)\.", text, re.M))
         return ops, len(re.findall(r"^\s*prmt\.", text, re.M))
 
