@@ -169,7 +169,8 @@ def _fp16_twin(task: Task, rule) -> Any:
     while the log has no bf16 record (:func:`mxgemm.tunelog.lookup`): tuning bf16 must not lose them."""
     if task.a_dtype != "bfloat16":
         return None
-    return _recorded(replace(task, a_dtype="float16"), rule)
+    fp16 = _recorded(replace(task, a_dtype="float16"), rule)
+    return None if fp16 is None else rule.typed(tunelog.for_bf16(rule.name, fp16.to_dict()))
 
 
 def _recorded(task: Task, rule) -> Any:

@@ -71,6 +71,42 @@ def test_bf16_borrows_the_fp16_mma_record_and_nothing_else(tmp_path):
     assert tunelog.lookup(bf16.key(), V1, [p]).config == {"nt": 4}
 
 
+def test_bf16_borrows_an_fp16_record_without_its_fp16_only_hints(tmp_path):
+    """``quad`` (fp4 four pairs a word) and ``cvt`` (fp8 pairs by one conversion) exist for fp16 alone:
+    a bf16 key that borrows such an fp16 record gets them off, the rest of its hints kept."""
+    import dataclasses
+
+    p = tmp_path / "sm_90.json"
+    tunelog.merge(
+        p, [rec(20.0, rule="mma", nt=2, quad=1, cvt=0), rec(9.0, n=8192, rule="wgmma_w", mt=64, cvt=1)], V1
+    )
+    bf16 = dataclasses.replace(rec(1), a_dtype="bfloat16")
+    assert tunelog.lookup(bf16.key(), V1, [p]).config == {"nt": 2, "quad": 0, "cvt": 0}
+    assert tunelog.lookup(dataclasses.replace(bf16, n=8192).key(), V1, [p]).config == {"mt": 64, "cvt": 0}
+
+
+@pytest.mark.nvcc
+def test_a_bf16_layer_builds_on_an_fp16_cvt_record(tmp_path, monkeypatch):
+    """A bf16 mxfp8_e4m3 layer whose shape has only an fp16 record with ``cvt`` builds its kernel with
+    the record's other hints (before, the borrowed ``cvt`` made the build raise)."""
+    import mxgemm
+    from mxgemm.codegen import build as builder
+    from mxgemm.rules import mma
+
+    hints = mma.Hints(nt=1, kw=8, unroll=8, stages=2, pdl=2, cvt=1)
+    versions = tunelog.rule_versions("mma", builder.versions({"kind": "cuda", "arch": "sm_90"}))
+    fp16 = Record(
+        "mxfp8_e4m3", 512, 2048, 1, "float16", "sm_90", "mma", hints.to_dict(), 5.0, "test", versions
+    )
+    log = tmp_path / "sm_90.json"
+    tunelog.merge(log, [fp16], None)
+    monkeypatch.setenv("MXGEMM_TUNE_LOG", str(log))
+    monkeypatch.setenv("MXGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    k = mxgemm.build("mxfp8_e4m3", n=512, k=2048, m_bucket=1, a_dtype="bfloat16", target="sm_90")
+    assert k.rule == "mma" and k.info["hints"] == {**hints.to_dict(), "cvt": 0}
+    assert "cvt.rn.f16x2" not in k.source
+
+
 def test_the_block_size_is_part_of_the_key(tmp_path):
     """A record tuned at block 64 is not used for block 32; a record written before the block size was
     in the key reads as its format's block size (what it was tuned at)."""
