@@ -108,8 +108,8 @@ class Hints:
     (:func:`~mxgemm.codegen.pairs.decode_quad`: the same bits in fewer shifts and masks; the decode
     is most of what the small-M kernel issues), ``shl`` then moot; cvt: 1 (8-bit float codes into
     fp16, :func:`~mxgemm.codegen.pairs.cvt_supported`, no ``fold``) for each pair by one
-    ``cvt.rn.f16x2`` of the two codes (:func:`~mxgemm.codegen.pairs.cvt_pair`) instead of ~4
-    integer ops: the same products, and e4m3's NaN codes NaN."""
+    ``cvt.rn.f16x2`` of the two codes (:func:`~mxgemm.codegen.pairs.cvt_pair`) instead of a byte
+    permute and shifts and masks: the same products, and e4m3's NaN codes NaN."""
 
     nt: int = 4
     kw: int = 4

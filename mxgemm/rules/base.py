@@ -9,6 +9,7 @@ are a frozen ``Hints`` dataclass (None for rules without knobs), given to it typ
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -150,6 +151,15 @@ def cuda_linear(
         and spec.m_bucket in m_tiles
         and spec.a_dtype in a_dtypes
     )
+
+
+def replaced(hints: Any, **changes: int) -> Any:
+    """``hints`` (a rule's frozen ``Hints``) with ``changes``, or None where they make no valid hint set
+    (its ``__post_init__`` raises ValueError): how a rule derives twins of a record."""
+    try:
+        return dataclasses.replace(hints, **changes)
+    except ValueError:
+        return None
 
 
 def cheapest(rule: Rule, spec: Any) -> Any:

@@ -13,7 +13,7 @@ from mxgemm import formats
 from mxgemm.codegen import pairs
 from mxgemm.codegen import target as targets
 from mxgemm.codegen.mma import RING_SMEM, SM_SMEM, SMEM, STEP, Hints, kernel, smem_bytes
-from mxgemm.rules.base import Rule, Scheduled, cheapest, cuda_linear, preferred
+from mxgemm.rules.base import Rule, Scheduled, cheapest, cuda_linear, preferred, replaced
 
 # M buckets this rule serves (128 and 256: only with activations in the ring, ``xs``; 256 with warps
 # splitting M, ``mw``)
@@ -79,14 +79,6 @@ def one_wave(h: Hints, n: int, m_tile: int, bits: int, sms: int, sm_smem: int = 
     return per_sm if per_sm > 1 and fits else 0
 
 
-def _replaced(h: Hints, **changes: int) -> Hints | None:
-    """``h`` with ``changes``, or None where they make no valid hint set (``cvt`` with ``fold``)."""
-    try:
-        return dataclasses.replace(h, **changes)
-    except ValueError:
-        return None
-
-
 class Mma(Rule):
     """fp16 or bf16 activations, a bucket of :data:`M_TILES`, a format whose codes are exact in that
     dtype (:func:`mxgemm.codegen.pairs.supported`), one scale per step (block ≥ 32) and a shape some hints
@@ -150,7 +142,7 @@ class Mma(Rule):
             return []
         options = [dict(pdl=2)] if hints.pdl == 1 else []
         options += [dict(fold=1), dict(quad=1, shl=0), dict(cvt=1, shl=0)]
-        twins = [_replaced(hints, **o) for o in options]
+        twins = [replaced(hints, **o) for o in options]
         cands = self.candidates(spec)
         twins += [h for h in cands if h.minb and dataclasses.replace(h, minb=0) == hints]
         return [t for t in dict.fromkeys(twins) if t is not None and t != hints and t in cands]

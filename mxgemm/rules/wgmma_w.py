@@ -20,7 +20,7 @@ from mxgemm.codegen import pairs
 from mxgemm.codegen import target as targets
 from mxgemm.codegen.shapes import WIDE_M_BUCKETS
 from mxgemm.codegen.wgmma_w import M_TILES, PROD, SK, SPLITS, TMA, Hints, applies, kernel
-from mxgemm.rules.base import Rule, Scheduled, cheapest, cuda_linear
+from mxgemm.rules.base import Rule, Scheduled, cheapest, cuda_linear, replaced
 
 BUCKETS = (32, 64, 128, 256, *WIDE_M_BUCKETS)
 
@@ -160,23 +160,23 @@ class WgmmaW(Rule):
         unsplit on a stream-K grid of 1 and 2 blocks an SM, with its M tile and twice it (stream-K
         pays per tile a block runs: on 8192² at 128 rows two warpgroups × 128 rows took 0.77x the
         time of × 64), where those are candidates."""
-        leaner = hints if hints.lean else _replaced(hints, lean=1) or hints  # (the twins below lean too)
+        leaner = hints if hints.lean else replaced(hints, lean=1) or hints  # (the twins below lean too)
         twins = [
-            _replaced(hints, cvt=1),
-            _replaced(hints, pdl=1),
-            _replaced(hints, pdl=2),
-            _replaced(hints, early=1),
+            replaced(hints, cvt=1),
+            replaced(hints, pdl=1),
+            replaced(hints, pdl=2),
+            replaced(hints, early=1),
         ]
-        twins += [_replaced(leaner, cluster=1, splits=2)] if hints.splits > 1 else []
+        twins += [replaced(leaner, cluster=1, splits=2)] if hints.splits > 1 else []
         twins += [
             leaner,
-            _replaced(leaner, lean=2),
-            *(_replaced(leaner, ring=1, tma=2, prod=p) for p in PROD),
+            replaced(leaner, lean=2),
+            *(replaced(leaner, ring=1, tma=2, prod=p) for p in PROD),
         ]
         sk = dict(ring=1, tma=hints.tma or 2, splits=1)
         tiles = itertools.product((hints.mt, 2 * hints.mt), SK[1:])
         prod = lambda k: hints.prod if k == 1 else min(hints.prod, 1)  # noqa: E731  (a producer: sk 1)
-        twins += [_replaced(leaner, **sk, mt=mt, sk=k, prod=prod(k)) for mt, k in tiles]
+        twins += [replaced(leaner, **sk, mt=mt, sk=k, prod=prod(k)) for mt, k in tiles]
         cands = self.candidates(spec)
         return [t for t in dict.fromkeys(twins) if t is not None and t != hints and t in cands]
 
@@ -197,14 +197,6 @@ class WgmmaW(Rule):
             a_dtype=spec.a_dtype, hints=h,
         )  # fmt: skip
         return Scheduled(self.name, tvm.IRModule({"main": func}), h)
-
-
-def _replaced(h: Hints, **changes: int) -> Hints | None:
-    """``h`` with ``changes``, or None where they make no valid hint set."""
-    try:
-        return dataclasses.replace(h, **changes)
-    except ValueError:
-        return None
 
 
 def _blocks(spec: Any, h: Hints) -> int:
