@@ -51,15 +51,18 @@ class WgmmaW(Rule):
         stream-K on the mbarrier ring, stream-K unsplit (deterministic order), warp 0 or a producer
         warpgroup refilling the ring where TMA loads it (the producer: 1 or 2 others), the ring's first
         loads before the scale scan or after it (``early``; stream-K: before), with programmatic
-        dependent launch or without (``pdl``; stream-K: without)."""
+        dependent launch or without (``pdl``; stream-K: without); two slots for 256-row tiles with a
+        producer warpgroup (8-bit codes: three slots of two warpgroups × 256 rows exceed the shared
+        memory; a K iteration's wgmmas there take ~2048 SM cycles, over the refill's latency)."""
         if not self._serves(spec):
             return []
         f = formats.get(spec.fmt)
-        tiles = ((1, 2, 4), (3, 4, 5, 6), (1, 0), M_TILES, SPLITS)
+        tiles = ((1, 2, 4), (2, 3, 4, 5, 6), (1, 0), M_TILES, SPLITS)
         space = itertools.product(*tiles, (0, 1), TMA, SK, PROD, (1, 0, 2))
         ok = lambda p: (  # noqa: E731
             p[3] <= spec.m_bucket
             and (p[1] < 6 or p[3] <= 32)  # (6 slots: small M tiles)
+            and (p[1] > 2 or (p[3] == 256 and p[8] == 2 and not p[7]))  # (2: 256-row tiles, a producer)
             and (p[5] or not p[6])
             and (not p[7] or (p[5] and p[4] == 1))
             and (not p[8] or p[6] == 2)
