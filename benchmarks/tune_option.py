@@ -2,7 +2,8 @@
 log's records: per task whose record names the rule, the record's hints as they are and with
 ``--option NAME=VALUE`` (where the rule offers that), so ``mxgemm tune --measure DIR`` times the two in
 one run and ``mxgemm tune --merge DIR --replace`` keeps the faster (decode + cuBLAS beside them where
-the bucket decides between it and a fused kernel). With ``--twin NAME`` instead, the record against
+the bucket decides between it and a fused kernel; ``--option lean=2,early=1``: several at once). With
+``--twin NAME`` instead, the record against
 the rule's twins of it (``Rule.twins``) that differ in that field (an option whose value depends on
 the hints, as ``mma``'s ``minb``).
 
@@ -50,7 +51,7 @@ def twins(task: tune.Task, field: str, rule) -> list[tuple[str, dict]]:
 def main() -> None:
     ap = rounds.arguments(__doc__, "32,64,128,256", (*rounds.SHAPES, (1024, 4096)))
     how = ap.add_mutually_exclusive_group(required=True)
-    how.add_argument("--option", help="NAME=VALUE, a field of the rule's Hints")
+    how.add_argument("--option", help="NAME=VALUE[,NAME=VALUE...], fields of the rule's Hints")
     how.add_argument("--twin", help="NAME, a field of the rule's Hints its twins set")
     ap.add_argument("--rule", default="wgmma_w")
     a = ap.parse_args()
@@ -58,8 +59,8 @@ def main() -> None:
     if a.twin:
         rounds.build(a, lambda task: twins(task, a.twin, rule))
         return
-    name, value = a.option.split("=")
-    rounds.build(a, lambda task: pair(task, {name: int(value)}, rule))
+    option = {name: int(value) for name, value in (kv.split("=") for kv in a.option.split(","))}
+    rounds.build(a, lambda task: pair(task, option, rule))
 
 
 if __name__ == "__main__":

@@ -23,11 +23,10 @@ BASE = Hints(wg=2, stages=3, double=1, mt=256, splits=1, ring=1, tma=2, prod=2, 
 
 
 def grid() -> list[Hints]:
-    """The hint sets tried at every task (those the rule does not offer for it are dropped): also two
-    slots of 256-row tiles (8-bit codes: three do not fit), and each with 8-bit float codes into fp16
-    by ``cvt``."""
+    """The hint sets tried at every task (those the rule does not offer for it are dropped), each also
+    with 8-bit float codes into fp16 by ``cvt``."""
     out = []
-    for mt, stages in ((256, 3), (256, 2), (128, 4)):
+    for mt, stages in ((256, 3), (128, 4)):
         h = dataclasses.replace(BASE, mt=mt, stages=stages)
         out += [h, dataclasses.replace(h, splits=2, cluster=1)]
     out += [dataclasses.replace(BASE, mt=128, stages=4, prod=1, sk=1, early=0)]

@@ -36,11 +36,6 @@ def test_applies_names_the_problem():
     assert wgmma_w.applies(fp4, 256, 512, "float16", wgmma_w.Hints(2, 3, 1, mt=256)) is None
     fp8 = formats.get("mxfp8_e4m3")
     assert "exceed" in wgmma_w.applies(fp8, 256, 512, "float16", wgmma_w.Hints(2, 3, 1, mt=256))
-    two = wgmma_w.Hints(2, 2, 1, mt=256, ring=1, tma=2, prod=2)  # two such slots of 83 KB fit
-    assert wgmma_w.applies(fp8, 256, 512, "float16", two) is None
-    for bad in (dict(prod=1), dict(prod=2, sk=1)):  # (two slots: with a producer warpgroup only)
-        with pytest.raises(ValueError, match="stages"):
-            wgmma_w.Hints(2, 2, 1, mt=256, ring=1, tma=2, **bad)
     split = wgmma_w.Hints(1, 4, 1, mt=64, splits=4)
     assert "K=1536 is not a multiple of 4 ranges of 256" in wgmma_w.applies(fp4, 256, 1536, "float16", split)
     assert wgmma_w.applies(fp4, 256, 2048, "float16", split) is None
@@ -227,8 +222,6 @@ def test_stream_k_costs_the_work_where_waves_quantize():
         ("mxfp4", "float16", wgmma_w.Hints(2, 4, 1, 64, 2, ring=1, tma=2, prod=2, lean=2, cluster=1, frag=1)),
         ("mxint8", "bfloat16", wgmma_w.Hints(1, 4, 1, mt=64, splits=2, frag=1)),
         ("mxfp8_e4m3", "float16", wgmma_w.Hints(1, 3, 1, mt=256, ring=1, tma=2, frag=1)),
-        ("mxfp8_e4m3", "float16", wgmma_w.Hints(2, 2, 1, mt=256, ring=1, tma=2, prod=2, lean=2, cvt=1)),
-        ("mxint8", "bfloat16", wgmma_w.Hints(2, 2, 1, 256, 2, ring=1, tma=2, prod=2, lean=2, cluster=1)),
     ],
 )
 def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
@@ -361,11 +354,6 @@ CLUSTER_CASES += [(CLUSTER_8, 100, 2048)]
 CLUSTER_WIDE = wgmma_w.Hints(2, 3, 1, mt=256, splits=2, ring=1, tma=2, prod=2, lean=2, cluster=1, early=1)
 GPU_TILES += [(CLUSTER_WIDE, 300)]
 CLUSTER_CASES += [(CLUSTER_WIDE, 300, 512)]
-# two slots (8-bit codes: three of two warpgroups × 256 rows exceed the shared memory), K = 512: the
-# ring turns twice; unsplit and split in a cluster
-TWO_SLOTS = dataclasses.replace(CLUSTER_WIDE, stages=2, splits=1, cluster=0)
-TWO_SLOTS_CLUSTER = dataclasses.replace(CLUSTER_WIDE, stages=2)
-GPU_TILES += [(TWO_SLOTS, 300), (TWO_SLOTS_CLUSTER, 300)]
 # test_gpu_lean_2_gives_lean_1s_bits's: lean 2 against its lean-1 twin (mxfp4, no bias)
 LEAN2_CASES = [(LEAN2, 300), (LEAN2_SK, 150), (LEAN2_SPLIT, 77)]
 # the ring's first loads before the scale scan: a producer warpgroup (the others vote on barrier 1) and
@@ -503,7 +491,6 @@ def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m, unfolded):
         *(PROD, PROD_SK, PRODUCER, PRODUCER_SPLIT, PRODUCER_SK, LEAN, LEAN_SK, LEAN_SPLIT, SK_BIG, SK_BIG_1),
         *(LEAN2, LEAN2_SK, LEAN2_SPLIT, SMALL, SMALL_SPLIT, SMALL_SK, SMALL_SK2),
         *(CLUSTER, CLUSTER_SMALL, CLUSTER_BIG, EARLY, EARLY_PLAIN, FRAG, FRAG_PLAIN, FRAG_BIG),
-        *(TWO_SLOTS, TWO_SLOTS_CLUSTER),
     ],
 )
 def test_gpu_one_hot_rows_are_bit_exact(fmt, dtype, hints):

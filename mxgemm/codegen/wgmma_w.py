@@ -121,9 +121,7 @@ FIX = 8  # outputs a thread of the stream-K fixup
 
 @dataclass(frozen=True)
 class Hints:
-    """wg: warpgroups per block (1..4), 64 weight rows each; stages: ring slots (3..6; 2 with a
-    producer warpgroup, ``prod`` 2, and no stream-K, for tiles whose slots do not fit three times:
-    the slot freed by a K iteration's wgmmas refilled while the next one's run); double: 1 to
+    """wg: warpgroups per block (1..4), 64 weight rows each; stages: ring slots (3..6); double: 1 to
     decode the next slot while this one's wgmmas run (two fragment sets); mt: activation rows a
     block (the wgmmas' N: 16, 32, 64, 128 or 256; the grid tiles any M); splits: K ranges run by
     separate blocks (1, 2, 4, 8), their partial sums added by a second kernel; ring: how the ring's slots are
@@ -174,8 +172,7 @@ class Hints:
     cvt: int = 0
 
     def __post_init__(self) -> None:
-        ok = self.wg in (1, 2, 3, 4) and 2 <= self.stages <= 6 and self.double in (0, 1)
-        ok = ok and (self.stages > 2 or (self.prod == 2 and not self.sk))
+        ok = self.wg in (1, 2, 3, 4) and 3 <= self.stages <= 6 and self.double in (0, 1)
         ok = ok and self.mt in M_TILES and self.splits in SPLITS and self.ring in (0, 1)
         ok = ok and self.sk in SK and (not self.sk or (self.ring and self.splits == 1))
         ok = ok and self.prod in PROD and (not self.prod or self.tma == 2)
@@ -185,8 +182,7 @@ class Hints:
         ok = ok and self.pdl in (0, 1, 2) and not (self.pdl and self.sk) and self.cvt in (0, 1)
         if not ok or self.tma not in TMA or (self.tma and not self.ring):
             raise ValueError(
-                f"wgmma_w hints {self}: wg 1..4, stages 3..6 (2 with prod 2 and sk 0), double 0|1, "
-                "mt 16|32|64|128|256, "
+                f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 16|32|64|128|256, "
                 "splits 1|2|4|8, ring 0|1, tma 0|1|2 (with ring 1), sk 0|1|2 (with ring 1 and splits 1), "
                 "prod 0|1|2 (with tma 2; 2 with wg 1|2), lean 0|1|2, cluster 0|1 (1 with splits > 1), "
                 "early 0|1 (1 with sk 0), frag 0|1, pdl 0|1|2 (sk 0), cvt 0|1"

@@ -51,18 +51,15 @@ class WgmmaW(Rule):
         stream-K on the mbarrier ring, stream-K unsplit (deterministic order), warp 0 or a producer
         warpgroup refilling the ring where TMA loads it (the producer: 1 or 2 others), the ring's first
         loads before the scale scan or after it (``early``; stream-K: before), with programmatic
-        dependent launch or without (``pdl``; stream-K: without); two slots for 256-row tiles with a
-        producer warpgroup (8-bit codes: three slots of two warpgroups × 256 rows exceed the shared
-        memory; a K iteration's wgmmas there take ~2048 SM cycles, over the refill's latency)."""
+        dependent launch or without (``pdl``; stream-K: without)."""
         if not self._serves(spec):
             return []
         f = formats.get(spec.fmt)
-        tiles = ((1, 2, 4), (2, 3, 4, 5, 6), (1, 0), M_TILES, SPLITS)
+        tiles = ((1, 2, 4), (3, 4, 5, 6), (1, 0), M_TILES, SPLITS)
         space = itertools.product(*tiles, (0, 1), TMA, SK, PROD, (1, 0, 2))
         ok = lambda p: (  # noqa: E731
             p[3] <= spec.m_bucket
             and (p[1] < 6 or p[3] <= 32)  # (6 slots: small M tiles)
-            and (p[1] > 2 or (p[3] == 256 and p[8] == 2 and not p[7]))  # (2: 256-row tiles, a producer)
             and (p[5] or not p[6])
             and (not p[7] or (p[5] and p[4] == 1))
             and (not p[8] or p[6] == 2)
@@ -129,7 +126,11 @@ class WgmmaW(Rule):
         and 64 rows, 1024×4096 and 4096×14336 0.93-0.97x; H100, mxfp4 and mxfp8_e4m3,
         ``wgmma_w-early-ab-*.json``): 0.98. Two blocks of two warpgroups an SM (128 registers a
         thread) took 0.99-1.02x the records' time with their grids (9 tasks, at most a block an SM) and
-        1.02-1.19x with split K doubled to fill them (``wgmma_w-occ2-ab-*.json``): not offered. Codes in
+        1.02-1.19x with split K doubled to fill them (``wgmma_w-occ2-ab-*.json``): not offered. Two
+        ring slots, so that 8-bit codes fit two warpgroups × 256 rows with a producer warpgroup (three
+        slots of 83 KB do not), took 1.2-2.1x the time of the 128-row tiles of 4 slots at 256 rows
+        (H200, mxfp8_e4m3 fp16, 6 shapes: ``wgmma_w-two-slots-*.jsonl``; the refill of the slot a K
+        iteration frees does not land within the next one's wgmmas): not offered. Codes in
         fragment order (``frag``) ran the records' hints 1.01-1.12x faster (24 records, mxfp4 and
         mxfp8_e4m3 fp16, 32-1024 rows, the same bits: ``wgmma_w-frag-ab-*.json``) but are not offered: a
         layer holds its codes once, in the planes' K order, which the ``mma`` kernels of its few-row
