@@ -3,10 +3,14 @@ against the same stack as ``nn.Linear``, in eager mode, in a CUDA graph and unde
 ``torch.compile(mode="reduce-overhead")``, fp16 and bf16, over M.
 
 The stack is two Llama-3-8B decoder layers' seven projections (q, k, v, o, gate, up, down: 14 calls a
-step, 436 M weights, 870 MB in 16 bits, so L2 holds none of it between calls). A step calls each layer
-on its own input ``[m, in_features]``; eager steps are timed back to back with CUDA events (the host
-path counts; the methods in turns, as the host's speed drifts), graph steps as one captured step
-replayed. Peers, when they run here: torch's int4
+step, 436 M weights, 870 MB in 16 bits, so L2 holds none of it between calls). A step runs them as a
+model does (:func:`_decoder_step`): one input, the hidden state ``[m, 4096]``, that q, k, v, gate and up
+read; o reads q's output (in place of attention's), down ``silu(gate) · up``, and the next layer reads
+``h + o + down``. Every mode runs that one function: eager steps timed back to back with CUDA events
+(the host path counts; the methods in turns, as the host's speed drifts), graph steps as one captured
+step replayed, and under ``torch.compile`` the whole step one graph whose only input is the hidden
+state (a step that fed each layer an input of its own made the compiled rows time torch's copies of
+14 inputs into the graph's, which no model has). Peers, when they run here: torch's int4
 tinygemm (bf16, group 32, what torchao's int4 weight-only uses) and, where ``gemlite`` is installed
 (the ``peers`` extra), GemLite's MX layer of the same format (mxfp4: ``A16W4_MXFP``, mxfp8_e4m3:
 ``A16W8_MXFP``; it autotunes its Triton kernels on each M's first call, in the warm-up). Results go to
@@ -135,34 +139,45 @@ def _per_call(fn, x: torch.Tensor, calls: int) -> float:
     return best
 
 
-def _step(layers: list[nn.Module], xs: list[torch.Tensor]):
-    """One eager step of the stack: each layer on its own input."""
-    calls = list(zip(layers, xs, strict=True))
-    return lambda: [f(x) for f, x in calls]
+def _decoder_step(layers: list[nn.Module], h: torch.Tensor) -> list[torch.Tensor]:
+    """One step of the stack as a model runs it. ``layers``: :func:`shapes`' order, 7 a decoder layer
+    (q, k, v, o, gate, up, down); ``h``: the hidden state ``[m, 4096]``. Returns the last hidden state
+    and each layer's k and v outputs (so no projection is dead code to a compiler)."""
+    kv = []
+    for i in range(0, len(layers), len(PROJ)):
+        q, k, v, o, gate, up, down = layers[i : i + len(PROJ)]
+        kv += [k(h), v(h)]
+        h = h + o(q(h)) + down(nn.functional.silu(gate(h)) * up(h))
+    return [h, *kv]
+
+
+def _step(layers: list[nn.Module], x: torch.Tensor):
+    """One eager step of the stack on the hidden state ``x`` (:func:`_decoder_step`)."""
+    return lambda: _decoder_step(layers, x)
 
 
 class _Step(nn.Module):
-    """The stack as one module: each layer on its own input."""
+    """The stack as one module (:func:`_decoder_step`)."""
 
     def __init__(self, layers: list[nn.Module]):
         super().__init__()
         self.layers = nn.ModuleList(layers)
 
-    def forward(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [f(x) for f, x in zip(self.layers, xs, strict=True)]
+    def forward(self, h: torch.Tensor) -> list[torch.Tensor]:
+        return _decoder_step(list(self.layers), h)
 
 
-def _compiled(layers: list[nn.Module], xs: list[torch.Tensor]):
+def _compiled(layers: list[nn.Module], x: torch.Tensor):
     """A step of the stack under ``torch.compile(mode="reduce-overhead", fullgraph=True)`` (inductor
     with CUDA graphs: what users run to cut host time), compiled and recorded before it is timed."""
     step = torch.compile(_Step(layers), mode="reduce-overhead", fullgraph=True)
     with torch.no_grad():
         for _ in range(3):
-            step(xs)
+            step(x)
 
     def run():
         with torch.no_grad():
-            return step(xs)
+            return step(x)
 
     return run
 
@@ -197,20 +212,20 @@ def run(fmt: str = "mxfp4", ms=MS, dtypes=DTYPES, out_dir: str | Path = "benchma
         if peer is not None:
             stacks[f"gemlite_{fmt}"] = peer
         for m in ms:
-            xs = [torch.randn(m, i, device=dev, dtype=dt) for i, _ in shapes()]
-            steps = {name: _step(layers, xs) for name, layers in stacks.items()}
+            x = torch.randn(m, HIDDEN, device=dev, dtype=dt)
+            steps = {name: _step(layers, x) for name, layers in stacks.items()}
             eager = _time_eager(steps)
             base: dict[str, float] = {}
             for name, layers in stacks.items():
                 modes = {"eager": None, "graph": None}
                 if m in COMPILED_MS and name in ("nn.Linear", "mxgemm"):
-                    modes["compiled"] = _compiled(layers, xs)
+                    modes["compiled"] = _compiled(layers, x)
                 for mode, compiled in modes.items():
                     us = eager[name] if mode == "eager" else _time(compiled or steps[name], mode == "graph")
                     speedup = base.setdefault(mode, us) / us  # nn.Linear comes first
                     rows.append(dict(method=name, dtype=dt_name, m=m, mode=mode, us=us, speedup=speedup))
                     print(f"{dt_name} M={m} {mode:5} {name:14} {us:9.1f} us  {speedup:5.2f}x", flush=True)
-            del xs
+            del x
             partial = Path(out_dir) / "stack.partial.json"  # survives a run cut short
             partial.parent.mkdir(parents=True, exist_ok=True)
             partial.write_text(json.dumps({"host_us": host, "rows": rows}))

@@ -55,3 +55,28 @@ def test_the_bound_row_takes_the_slower_of_the_weight_stream_and_the_tensor_core
     assert next(ln for ln in md.splitlines() if ln.startswith("| bound mxfp4 |")).startswith(
         "| bound mxfp4 | 1.1 (3.76x) |"
     )
+
+
+def test_the_stack_step_runs_the_projections_as_a_decoder_layer_does():
+    """``mxgemm bench --stack``'s step (every mode's): q, k, v, gate, up read the hidden state, o reads
+    q's output, down silu(gate)·up, the next layer ``h + o + down``; k and v are returned. Checked
+    against the same arithmetic written out on the weights (two layers of a small shape)."""
+    import torch
+    from torch import nn
+
+    from mxgemm import bench_stack
+
+    torch.manual_seed(0)
+    sizes = [(8, 8), (8, 2), (8, 2), (8, 8), (8, 16), (8, 16), (16, 8)] * 2
+    layers = [nn.Linear(i, o, bias=False, dtype=torch.float64) for i, o in sizes]
+    x = torch.randn(3, 8, dtype=torch.float64)
+    h, kv = x, []
+    for first in (0, 7):
+        q, k, v, o, gate, up, down = (lin.weight for lin in layers[first : first + 7])
+        kv += [h @ k.T, h @ v.T]
+        h = h + (h @ q.T) @ o.T + (torch.nn.functional.silu(h @ gate.T) * (h @ up.T)) @ down.T
+    got = bench_stack._decoder_step(layers, x)
+    assert len(got) == 5
+    for a, b in zip(got, [h, *kv], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(bench_stack._Step(layers)(x)[0], h, rtol=1e-12, atol=1e-12)
