@@ -3,9 +3,8 @@ log's records: per task whose record names the rule, the record's hints as they 
 ``--option NAME=VALUE`` (where the rule offers that), so ``mxgemm tune --measure DIR`` times the two in
 one run and ``mxgemm tune --merge DIR --replace`` keeps the faster (decode + cuBLAS beside them where
 the bucket decides between it and a fused kernel; ``--option lean=2,early=1``: several at once). With
-``--twin NAME`` instead, the record against
-the rule's twins of it (``Rule.twins``) that differ in that field (an option whose value depends on
-the hints, as ``mma``'s ``minb``).
+``--twin NAME`` instead, the record against the rule's twins of it (``Rule.twins``) that differ in that
+field (an option whose value depends on the hints, as ``mma``'s ``minb``).
 
     python benchmarks/tune_option.py DIR --option pdl=2 [--rule mma --formats mxfp4 --dtypes float16
         --m 1,4,16 --shapes 4096,4096]
