@@ -13,11 +13,10 @@ field (an option whose value depends on the hints, as ``mma``'s ``minb``).
 
 from __future__ import annotations
 
-import dataclasses
-
 import rounds
 
 from mxgemm import rules, tune
+from mxgemm.rules.base import replaced
 
 
 def pair(task: tune.Task, option: dict[str, int], rule=None) -> list[tuple[str, dict]]:
@@ -27,12 +26,9 @@ def pair(task: tune.Task, option: dict[str, int], rule=None) -> list[tuple[str, 
     recorded = tune._recorded(task, rule)  # noqa: SLF001
     if recorded is None:
         return []
-    try:
-        hints = [recorded, dataclasses.replace(recorded, **option)]
-    except ValueError:
-        return []
+    hints = [recorded, replaced(recorded, **option)]
     offered = set(rule.candidates(task.spec()))
-    if hints[0] == hints[1] or not all(h in offered for h in hints):
+    if hints[1] is None or hints[0] == hints[1] or not all(h in offered for h in hints):
         return []
     return [(rule.name, h.to_dict()) for h in hints]
 
