@@ -4,9 +4,12 @@ their last round (two splits added in a cluster, ``lean`` 2, ``early``): per tas
 by a producer warpgroup (0.89-0.94x the time of every thread refilling it), and 128-row tiles on stream-K
 (256-row ones took 1.3-1.9x the time there); decode + cuBLAS beside them. The tuner's own pick
 (``mxgemm tune``) spends its budget on the default's twins, which differ in flags only; this round
-wants the tiles and splits. Measure and merge with ``mxgemm tune --measure DIR`` / ``--merge DIR``.
+wants the tiles and splits. ``--bk 64``: the same tiles in slots of 64 K instead (5 or 6 of 256 rows,
+8 of 128; no stream-K), beside the record. Measure and merge with ``mxgemm tune --measure DIR`` /
+``--merge DIR``.
 
     python benchmarks/tune_wide.py DIR [--formats mxfp4 --dtypes bfloat16 --m 384,512 --shapes 1024,4096]
+    python benchmarks/tune_wide.py DIR --bk 64 --formats mxfp8_e4m3 --m 256,512,1024
 """
 
 from __future__ import annotations
@@ -16,36 +19,38 @@ import dataclasses
 import rounds
 
 from mxgemm import tune
-from mxgemm.codegen.wgmma_w import Hints
+from mxgemm.codegen.wgmma_w import BK, Hints
 from mxgemm.rules import wgmma_w
 
 BASE = Hints(wg=2, stages=3, double=1, mt=256, splits=1, ring=1, tma=2, prod=2, lean=2, early=1)
 
 
-def grid() -> list[Hints]:
+def grid(bk: int = BK) -> list[Hints]:
     """The hint sets tried at every task (those the rule does not offer for it are dropped), each also
-    with 8-bit float codes into fp16 by ``cvt``."""
+    with 8-bit float codes into fp16 by ``cvt``; in slots of ``bk`` K."""
     out = []
-    for mt, stages in ((256, 3), (128, 4)):
-        h = dataclasses.replace(BASE, mt=mt, stages=stages)
+    tiles = ((256, 3), (128, 4)) if bk == BK else ((256, 5), (256, 6), (128, 8))
+    for mt, stages in tiles:
+        h = dataclasses.replace(BASE, mt=mt, stages=stages, bk=bk)
         out += [h, dataclasses.replace(h, splits=2, cluster=1)]
-    out += [dataclasses.replace(BASE, mt=128, stages=4, prod=1, sk=1, early=0)]
+    out += [dataclasses.replace(BASE, mt=128, stages=4, prod=1, sk=1, early=0)] if bk == BK else []
     return [*out, *(dataclasses.replace(h, cvt=1) for h in out)]
 
 
-def candidates(task: tune.Task, budget: int) -> list[tuple[str, dict]]:
+def candidates(task: tune.Task, bk: int = BK) -> list[tuple[str, dict]]:
     """The log's ``wgmma_w`` record for ``task`` (if any) and :func:`grid`, as the rule offers them."""
-    del budget
     spec = task.spec()
     offered = set(wgmma_w.RULE.candidates(spec))
     recorded = tune._recorded(task, wgmma_w.RULE)  # noqa: SLF001
-    hints = [h for h in dict.fromkeys([*([recorded] if recorded else []), *grid()]) if h in offered]
+    hints = [h for h in dict.fromkeys([*([recorded] if recorded else []), *grid(bk)]) if h in offered]
     return [("wgmma_w", h.to_dict()) for h in hints]
 
 
 def main() -> None:
-    a = rounds.arguments(__doc__, "384,512,640,768,896,1024").parse_args()
-    rounds.build(a, lambda task: candidates(task, 0))
+    ap = rounds.arguments(__doc__, "384,512,640,768,896,1024")
+    ap.add_argument("--bk", type=int, default=BK, choices=(BK, BK // 2), help="K of a ring slot")
+    a = ap.parse_args()
+    rounds.build(a, lambda task: candidates(task, a.bk))
 
 
 if __name__ == "__main__":

@@ -50,10 +50,11 @@ PROBE_HINTS = [wgmma_w.Hints(1, 3, 1, mt=64), wgmma_w.Hints(2, 4, 1, mt=128), wg
 
 
 class _NoDecode(wgmma_w._Kernel):
-    def decode(self, slot, buf: int, fold: bool, steps=range(wgmma_w.BK // wgmma_w.STEP)) -> None:
+    def decode(self, slot, buf: int, fold: bool, steps=None, it=None) -> None:
         from mxgemm.codegen.decode import u32
 
-        words = self.T.alloc_buffer((wgmma_w.BK // wgmma_w.STEP, 2, 2), "uint32", scope="local")
+        steps = range(self.steps) if steps is None else steps
+        words = self.T.alloc_buffer((self.steps, 2, 2), "uint32", scope="local")
         for r, u in itertools.product(range(2), steps):
             self.lane_words(slot, self.row(r), u, words, r)
         for u, g, q in itertools.product(steps, range(2), range(4)):
@@ -62,7 +63,8 @@ class _NoDecode(wgmma_w._Kernel):
 
 
 class _NoMma(wgmma_w._Kernel):
-    def mma(self, slot, buf: int, steps=range(wgmma_w.BK // wgmma_w.STEP), into=None, part: int = 0) -> None:
+    def mma(self, slot, buf: int, steps=None, into=None, part: int = 0, fresh=None) -> None:
+        steps = range(self.steps) if steps is None else steps
         for n_, (u, g, q) in enumerate(itertools.product(steps, range(2), range(4))):
             i = n_ % self.frag
             bits = tirx.reinterpret("float32", tirx.BufferLoad(self.afr, [buf, u, g, q]))

@@ -75,6 +75,17 @@ def test_applies_names_the_problem():
     big = wgmma_w.Hints(2, 3, 1, mt=256, splits=2, ring=1, tma=2, prod=2, cluster=1)
     assert big.partial_bytes() == 256 * 132 * 4 <= 3 * big.slot_bytes(4)[2]
     assert wgmma_w.applies(fp4, 256, 1024, "float16", big) is None
+    # slots of 64 K: half the bytes, so 8-bit codes fit two warpgroups × 256 rows in 5 (32 KB of
+    # activations, 8 KB of codes, 512 bytes of scale codes: 41 KB a slot), not 6; K a multiple of 128
+    half = wgmma_w.Hints(2, 5, 1, mt=256, ring=1, tma=2, prod=2, bk=64)
+    assert half.slot_bytes(8) == (32768, 32768 + 8192, 41984)
+    assert wgmma_w.applies(fp8, 256, 512, "float16", half) is None
+    assert "exceed" in wgmma_w.applies(fp8, 256, 512, "float16", dataclasses.replace(half, stages=6))
+    assert "K=320 is not a multiple of 128" in wgmma_w.applies(fp8, 256, 320, "float16", half)
+    assert wgmma_w.applies(fp8, 256, 384, "float16", dataclasses.replace(half, double=0)) is None
+    for bad in (dict(bk=32), dict(bk=64, stages=9), dict(bk=128, stages=8), dict(bk=64, frag=1)):
+        with pytest.raises(ValueError, match=r"bk 128\|64"):
+            wgmma_w.Hints(**bad)
 
 
 def test_split_k_runs_only_where_the_grid_is_short():
@@ -117,6 +128,26 @@ def test_wide_buckets_split_in_a_cluster_where_it_fills_the_last_wave(bucket, ev
     assert best.mt >= 128
 
 
+def test_slots_of_64_k_are_candidates_of_wide_tiles_by_tma():
+    """8-bit codes take two warpgroups × 256 rows only in slots of 64 K (5 of them); the rule offers
+    such slots for 128- and 256-row tiles whose codes come by TMA, 4 to 8 of them, and a record's
+    twin is itself in as many as fit."""
+    rule = rules.get("wgmma_w")
+    sm90 = targets.cuda("sm_90")
+    spec = builder.KernelSpec("mxfp8_e4m3", 28672, 8192, 1024, "float16", "float16", False, 32, sm90)
+    cands = rule.candidates(spec)
+    halves = [h for h in cands if h.bk == 64]
+    assert all(h.tma == 2 and h.mt >= 128 and 4 <= h.stages <= 8 for h in halves)
+    assert {h.stages for h in halves if h.mt == 256 and h.wg == 2} == {4, 5}
+    assert not any(h.mt == 256 and h.wg == 2 for h in cands if h.bk == 128)  # (3 slots of 83 KB)
+    record = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, prod=2, lean=2, early=1)
+    assert dataclasses.replace(record, bk=64, stages=8) in rule.twins(spec, record)
+    # the cost counts a ring's bytes, not its slots: 8 of 64 K as 4 of 128 K, and twice the turns
+    assert rule.cost(spec, dataclasses.replace(record, bk=64, stages=8)) == pytest.approx(
+        1.05 * rule.cost(spec, record)
+    )
+
+
 def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
     """TMA completes on the ring's barriers: no candidate asks for it without them; a recorded hint
     set's twin is itself with the ring and both loads by TMA (the tuner measures it beside it)."""
@@ -138,16 +169,21 @@ def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
     # and first, the record launched with programmatic dependent launch (pdl 1 and 2), then with the
     # ring's first loads issued before its scale scan (early)
     early = lambda h: [*(dataclasses.replace(h, pdl=p) for p in (1, 2)), dataclasses.replace(h, early=1)]  # noqa: E731
+    # and, codes by TMA, in 8 slots of 64 K
+    half = lambda h: [dataclasses.replace(h, lean=1, bk=64, stages=8)]  # noqa: E731
     assert rule.twins(spec, plain) == early(plain) + lean(plain) + lean(plain, n=2) + lean(
         tma, warp0, producer, sk
     )
-    assert rule.twins(spec, tma) == early(tma) + lean(tma) + lean(tma, n=2) + lean(warp0, producer, sk)
+    twins = early(tma) + lean(tma) + lean(tma, n=2) + lean(warp0, producer) + half(tma) + lean(sk)
+    assert rule.twins(spec, tma) == twins
     sk2 = dataclasses.replace(sk, prod=2)
     assert rule.twins(spec, producer) == early(producer) + lean(producer) + lean(producer, n=2) + lean(
-        tma, warp0, sk2
-    )
+        tma, warp0
+    ) + half(producer) + lean(sk2)
     leaner = lean(producer)[0]
-    assert rule.twins(spec, leaner) == early(leaner) + lean(producer, n=2) + lean(tma, warp0, sk2)
+    assert rule.twins(spec, leaner) == early(leaner) + lean(producer, n=2) + lean(tma, warp0) + half(
+        producer
+    ) + lean(sk2)
     # (no split here: neither it leaner, nor early, pdl or a TMA twin)
     small = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, ring=1, tma=1)
     assert rule.twins(spec, small) == lean(  # and on 128-row tiles (two such blocks do not fit an SM)
@@ -222,6 +258,8 @@ def test_stream_k_costs_the_work_where_waves_quantize():
         ("mxfp4", "float16", wgmma_w.Hints(2, 4, 1, 64, 2, ring=1, tma=2, prod=2, lean=2, cluster=1, frag=1)),
         ("mxint8", "bfloat16", wgmma_w.Hints(1, 4, 1, mt=64, splits=2, frag=1)),
         ("mxfp8_e4m3", "float16", wgmma_w.Hints(1, 3, 1, mt=256, ring=1, tma=2, frag=1)),
+        ("mxfp8_e4m3", "float16", wgmma_w.Hints(2, 5, 1, 256, ring=1, tma=2, prod=2, lean=2, cvt=1, bk=64)),
+        ("mxfp4", "bfloat16", wgmma_w.Hints(2, 8, 1, mt=128, ring=1, tma=2, sk=1, prod=2, lean=1, bk=64)),
     ],
 )
 def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
@@ -379,12 +417,30 @@ PDL_N = 512  # test_gpu_pdl_chain's layer: n = k, each launch reading the output
 # fragment order), one warpgroup on the block-barrier ring, a 256-row tile (a step's words read late)
 CVT_CASES = [(dataclasses.replace(FRAG, cvt=1), 77), (dataclasses.replace(EARLY_PLAIN, cvt=1), 37)]
 CVT_CASES += [(dataclasses.replace(FRAG_BIG, frag=0, cvt=1), 300)]
+# slots of 64 K (``bk``): two warpgroups × 256 rows in 5 (8-bit codes fit), 128-row tiles in 8 on
+# stream-K a unit a block (odd K iterations first: a slot takes its scale word's high half), and a
+# split K on the block-barrier ring, one fragment set (the K iteration's parity at run time)
+HALF_WIDE = wgmma_w.Hints(2, 5, 1, mt=256, ring=1, tma=2, prod=2, lean=2, early=1, bk=64)
+HALF_SK = wgmma_w.Hints(2, 8, 0, mt=128, ring=1, tma=2, sk=1, prod=2, lean=1, bk=64)
+HALF_SPLIT = wgmma_w.Hints(1, 4, 0, mt=64, splits=2, bk=64)
+GPU_TILES += [(HALF_WIDE, 300), (HALF_SK, 150), (HALF_SPLIT, 77)]
+CVT_CASES += [(dataclasses.replace(HALF_WIDE, cvt=1), 300)]
+# ... and their bits against slots of 128 K (where those fit: one warpgroup × 256 rows, 4 slots)
+HALF_CASES = [(dataclasses.replace(HALF_WIDE, wg=1, stages=3), 300), (HALF_SPLIT, 77)]
+HALF_CASES += [(dataclasses.replace(HALF_SK, stages=4), 150)]
 # test_gpu_an_option_gives_the_same_bits's: (option, hints with it, rows)
 SAME_BITS = [
     (o, h, m)
-    for o, cases in (("early", EARLY_CASES), ("frag", FRAG_CASES), ("pdl", PDL_CASES))
+    for o, cases in (("early", EARLY_CASES), ("frag", FRAG_CASES), ("pdl", PDL_CASES), ("bk", HALF_CASES))
     for h, m in cases
 ]
+
+
+def _without(option: str, hints: wgmma_w.Hints) -> wgmma_w.Hints:
+    """``hints`` with ``option`` at its default (0; ``bk``: 128)."""
+    return dataclasses.replace(hints, **{option: wgmma_w.Hints.__dataclass_fields__[option].default})
+
+
 # the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu
 PREBUILD = [
     (f, 256, 512, dt, True, h)
@@ -411,7 +467,7 @@ PREBUILD += [  # _assert_same_bits's: each case without its option and with it
     for f in ("mxfp4", "mxfp8_e4m3")
     for dt in ("float16", "bfloat16")
     for option, case, _ in SAME_BITS
-    for h in (dataclasses.replace(case, **{option: 0}), case)
+    for h in (_without(option, case), case)
     if wgmma_w.applies(formats.get(f), 256, 512, dt, h) is None
 ]
 PREBUILD += [("mxfp4", PDL_N, PDL_N, dt, False, h) for dt in ("float16", "bfloat16") for h, _ in PDL_CASES]
@@ -491,6 +547,7 @@ def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m, unfolded):
         *(PROD, PROD_SK, PRODUCER, PRODUCER_SPLIT, PRODUCER_SK, LEAN, LEAN_SK, LEAN_SPLIT, SK_BIG, SK_BIG_1),
         *(LEAN2, LEAN2_SK, LEAN2_SPLIT, SMALL, SMALL_SPLIT, SMALL_SK, SMALL_SK2),
         *(CLUSTER, CLUSTER_SMALL, CLUSTER_BIG, EARLY, EARLY_PLAIN, FRAG, FRAG_PLAIN, FRAG_BIG),
+        *(HALF_WIDE, HALF_SK, HALF_SPLIT),
     ],
 )
 def test_gpu_one_hot_rows_are_bit_exact(fmt, dtype, hints):
@@ -543,9 +600,10 @@ def test_gpu_an_option_gives_the_same_bits(fmt, dtype, option, hints, m, fold):
     warpgroup, to the compute warpgroups' own barrier); ``frag`` reads the codes in fragment order
     (:func:`mxgemm.layout.frag_order` of the same weight: each lane's words as they are instead of
     gathered from the planes' K order, the same pairs into the same wgmmas); ``pdl`` launches the
-    kernel (and a split K's second kernel) with programmatic dependent launch."""
-    seed = {"early": 5, "frag": 6, "pdl": 7}[option]
-    _assert_same_bits(fmt, dtype, hints, dataclasses.replace(hints, **{option: 0}), m, fold, seed)
+    kernel (and a split K's second kernel) with programmatic dependent launch; ``bk`` 64 runs the K
+    loop in slots of 64 K (the same wgmmas in the same order)."""
+    seed = {"early": 5, "frag": 6, "pdl": 7, "bk": 8}[option]
+    _assert_same_bits(fmt, dtype, hints, _without(option, hints), m, fold, seed)
 
 
 def _assert_same_bits(fmt, dtype, hints, without, m, fold, seed):

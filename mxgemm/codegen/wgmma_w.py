@@ -100,7 +100,7 @@ from mxgemm.codegen.wgmma import (
 )
 
 STEP = 32  # K per scale block: two k16 wgmmas
-BK = 128  # K per ring slot
+BK = 128  # K per ring slot (``Hints.bk`` 64: half of it)
 WIDTHS = (4, 8)  # code widths with one bit plane
 M_TILES = (16, 32, 64, 128, 256)  # activation rows a block
 # past 128 activation rows (a 128-register accumulator), a thread loads a step's code words just
@@ -153,7 +153,9 @@ class Hints:
     is done (after the wait: one kernel ahead at most); cvt: 1 (8-bit float codes into fp16,
     :func:`~mxgemm.codegen.pairs.cvt_supported`) for each pair by one ``cvt.rn.f16x2``
     (:func:`~mxgemm.codegen.pairs.cvt_pair`: the elements themselves, folded and brought to scale
-    accordingly; e4m3's NaN codes NaN)."""
+    accordingly; e4m3's NaN codes NaN); bk: K a ring slot holds (128, or 64: half the bytes a slot,
+    so twice the slots fit, e.g. five of 8-bit codes with two warpgroups × 256 rows where two of 128
+    do; a slot holds its K window's 4 scale codes a row, of which it uses the half its K is in)."""
 
     wg: int = 2
     stages: int = 4
@@ -170,9 +172,11 @@ class Hints:
     frag: int = 0
     pdl: int = 0
     cvt: int = 0
+    bk: int = BK
 
     def __post_init__(self) -> None:
-        ok = self.wg in (1, 2, 3, 4) and 3 <= self.stages <= 6 and self.double in (0, 1)
+        ok = self.bk in (BK, BK // 2) and self.wg in (1, 2, 3, 4) and self.double in (0, 1)
+        ok = ok and 3 <= self.stages <= (6 if self.bk == BK else 8)
         ok = ok and self.mt in M_TILES and self.splits in SPLITS and self.ring in (0, 1)
         ok = ok and self.sk in SK and (not self.sk or (self.ring and self.splits == 1))
         ok = ok and self.prod in PROD and (not self.prod or self.tma == 2)
@@ -180,12 +184,13 @@ class Hints:
         ok = ok and self.cluster in (0, 1) and (not self.cluster or self.splits > 1)
         ok = ok and self.early in (0, 1) and not (self.early and self.sk) and self.frag in (0, 1)
         ok = ok and self.pdl in (0, 1, 2) and not (self.pdl and self.sk) and self.cvt in (0, 1)
+        ok = ok and not (self.frag and self.bk != BK)
         if not ok or self.tma not in TMA or (self.tma and not self.ring):
             raise ValueError(
-                f"wgmma_w hints {self}: wg 1..4, stages 3..6, double 0|1, mt 16|32|64|128|256, "
+                f"wgmma_w hints {self}: bk 128|64, wg 1..4, stages 3..6 (bk 64: 3..8), double 0|1, mt 16|32|64|128|256, "
                 "splits 1|2|4|8, ring 0|1, tma 0|1|2 (with ring 1), sk 0|1|2 (with ring 1 and splits 1), "
                 "prod 0|1|2 (with tma 2; 2 with wg 1|2), lean 0|1|2, cluster 0|1 (1 with splits > 1), "
-                "early 0|1 (1 with sk 0), frag 0|1, pdl 0|1|2 (sk 0), cvt 0|1"
+                "early 0|1 (1 with sk 0), frag 0|1 (0 with bk 64), pdl 0|1|2 (sk 0), cvt 0|1"
             )
 
     def to_dict(self) -> dict[str, int]:
@@ -202,8 +207,8 @@ class Hints:
 
     def slot_bytes(self, bits: int) -> tuple[int, int, int]:
         """Byte offsets in a slot of the codes and the scale codes, and the slot's size."""
-        codes = 2 * self.mt * ROW
-        scales = codes + 64 * self.wg * 16 * bits
+        codes = self.bk // 64 * self.mt * ROW  # 128-byte-swizzled halves of 64 K
+        scales = codes + 64 * self.wg * self.bk * bits // 8
         return codes, scales, -(-(scales + 64 * self.wg * 4) // 1024) * 1024
 
 
@@ -217,9 +222,9 @@ def applies(fmt: formats.Format, n: int, k: int, a_dtype: str, h: Hints = Hints(
         return f"{fmt.name} codes in {a_dtype} take no cvt of fp8 pairs"
     if n % (64 * h.wg):
         return f"N={n} is not a multiple of {64 * h.wg}"
-    if k % (h.splits * (2 * BK if h.double else BK)):
+    if k % (h.splits * (2 * h.bk if h.double else h.bk)) or k % BK:  # (a slot's scale word: 128 K)
         per = f"{h.splits} ranges of " if h.splits > 1 else ""
-        return f"K={k} is not a multiple of {per}{2 * BK if h.double else BK}"
+        return f"K={k} is not a multiple of {per}{max(2 * h.bk if h.double else h.bk, BK)}"
     if h.mt > 64 and h.wg > 2:  # ptxas: 128-row tiles need ~200 registers a thread, 256-row ~240
         return f"{h.wg} warpgroups with an M tile of {h.mt} spill registers (170 at most at 384 threads)"
     if h.smem_bytes(fmt.bits) > SMEM_MAX:
@@ -281,7 +286,9 @@ class _Kernel:
         self.fma = pairs.bf16_fma(fmt, a_dtype)
         self.quads = h.lean and pairs.quad_supported(fmt, a_dtype)  # (one plane of 4-bit codes)
         self.codes_off, self.scales_off, self.slot = h.slot_bytes(fmt.bits)
-        self.iters = k // BK // h.splits  # a block's
+        self.bk, self.steps = h.bk, h.bk // STEP  # K of a slot, scale steps of a slot
+        self.row_bytes = h.bk * fmt.bits // 8  # of a row's codes in a slot
+        self.iters = k // h.bk // h.splits  # a block's
         self.ahead = h.stages - 2 if h.double else h.stages - 1
         self.frag = h.mt // 2  # fp32 registers of a thread's m64n{mt} fragment
         self.part = h.mt if h.mt <= BIG else 64  # activation rows of an unfolded path's wgmma
@@ -346,7 +353,7 @@ class _Kernel:
         self.quad, self.j = self.lane // 4, self.lane % 4
         self.ring = T.alloc_buffer((h.smem_bytes(self.w) // 16,), "uint32x4", scope="shared.dyn")
         self.acc = T.alloc_buffer((self.frag,), "float32", scope="local")
-        self.afr = T.alloc_buffer((1 + h.double, BK // STEP, 2, 4), "uint32", scope="local")
+        self.afr = T.alloc_buffer((1 + h.double, self.steps, 2, 4), "uint32", scope="local")
         self.desc = T.alloc_buffer((1,), "uint64", scope="local")
 
     def fold_loop_and_epilogue(self) -> None:
@@ -393,7 +400,7 @@ class _Kernel:
         and a unit's block ``g(x) = ((x + 1) blocks - 1) // units``: block ``b`` takes the units from
         ``b units // blocks``."""
         tiles = tirx.Cast("int64", m_tiles) * (self.n // (64 * self.h.wg))
-        units = tiles * (self.k // BK // self.unit)
+        units = tiles * (self.k // self.bk // self.unit)
         blocks = tirx.min(tirx.const(self.ctas, "int64"), units)
         return tiles, units, blocks
 
@@ -406,7 +413,7 @@ class _Kernel:
         """The persistent kernel: block ``bx``'s units, tile by tile (a part of its first and last, whole
         ones between), one ring throughout."""
         T, h = self.T, self.h
-        per_tile = self.k // BK // self.unit  # units
+        per_tile = self.k // self.bk // self.unit  # units
         _, units, blocks = self.sk_grid(m_tiles)
         threads = 128 * (h.wg + (h.prod == 2))
         with T.launch_thread(bx, tirx.Cast("int32", blocks)), T.launch_thread(tx, threads):
@@ -449,7 +456,7 @@ class _Kernel:
             if self.z is not None:  # the block's K range
                 it = self.z * self.iters + it
             return self.m0, self.n0, it
-        T, per = self.T, self.k // BK
+        T, per = self.T, self.k // self.bk
         x = self.x0 + it
         tile = tirx.truncdiv(x, per)
         with T.If(tile != self.issued[0]):  # a new tile: its origin (a division by the M tiles)
@@ -468,7 +475,7 @@ class _Kernel:
         T, h, m = self.T, self.h, self.m
         bx, by, tx = T.env_thread("blockIdx.x"), T.env_thread("blockIdx.y"), T.env_thread("threadIdx.x")
         m_tiles = tirx.Cast("int32", (m + (self.m_tile - 1)) // self.m_tile)
-        per_tile = self.k // BK // self.unit
+        per_tile = self.k // self.bk // self.unit
         tiles, units, blocks = self.sk_grid(m_tiles)
         cols = 64 * h.wg
         with T.launch_thread(bx, tirx.Cast("int32", tiles)), T.launch_thread(by, h.mt * cols // (256 * FIX)):
@@ -562,13 +569,13 @@ class _Kernel:
 
     def tensor_maps(self):
         """The host-encoded tensor maps (``tma``) of A (boxes of 64 K × ``mt`` rows, 128-byte swizzle,
-        rows past M zeros) and, with ``tma`` 2, of B (a row's ``16 w`` bytes of a slot × the block's
-        rows, swizzled as :meth:`_code_chunk` places them)."""
-        T, k, w = self.T, self.k, self.w
+        rows past M zeros) and, with ``tma`` 2, of B (a row's bytes of a slot × the block's rows,
+        swizzled as :meth:`_code_chunk` places them: 32-, 64- or 128-byte rows, swizzles 1, 2, 3)."""
+        T, k, w, rb = self.T, self.k, self.w, self.row_bytes
         grids = [(self.A, self.a_dtype, (k, self.m, 2 * k, 64, self.m_tile), 3)]
         if self.h.tma == 2:
-            dims = (k * w // 8, self.n, k * w // 8, 16 * w, 64 * self.h.wg)
-            grids.append((self.B, "uint8", dims, 2 if w == 4 else 3))
+            dims = (k * w // 8, self.n, k * w // 8, rb, 64 * self.h.wg)
+            grids.append((self.B, "uint8", dims, {32: 1, 64: 2, 128: 3}[rb]))
         maps = []
         for buf, dtype, dims, swizzle in grids:  # dims: sizes, byte stride, box; element strides 1
             tmap = T.Bind(T.tvm_stack_alloca("tensormap", 1))
@@ -581,15 +588,15 @@ class _Kernel:
 
     def tma_issue(self, m0, n0, it, slot) -> None:
         """Thread 0: the slot's ``full`` barrier expects the bytes, and TMA loads the activations'
-        two halves (and, ``tma`` 2, the codes) of K iteration ``it`` of the tile at ``m0, n0`` into
+        halves of 64 K (and, ``tma`` 2, the codes) of K iteration ``it`` of the tile at ``m0, n0`` into
         ``slot``."""
         T, h, mt = self.T, self.h, self.m_tile
         full = smem_addr(T, self.ring, self._bar(slot, 0))
         chain = T.ptx["cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"]
-        loads = [(half * mt * ROW, 0, it * BK + 64 * half, m0) for half in range(2)]
+        loads = [(half * mt * ROW, 0, it * self.bk + 64 * half, m0) for half in range(self.bk // 64)]
         if h.tma == 2:
-            loads.append((self.codes_off, 1, it * 16 * self.w, n0))
-        size = 2 * mt * ROW + (64 * h.wg * 16 * self.w if h.tma == 2 else 0)
+            loads.append((self.codes_off, 1, it * self.row_bytes, n0))
+        size = self.codes_off + (64 * h.wg * self.row_bytes if h.tma == 2 else 0)
         with T.If(self.tx == (128 * h.wg if h.prod == 2 else 0)):
             with T.Then():
                 T.evaluate(T.ptx["mbarrier.arrive.expect_tx.shared.b64"](full, u32(size)))
@@ -604,10 +611,10 @@ class _Kernel:
 
     def _code_chunk(self, row, chunk):
         """Where 16-byte chunk ``chunk`` of a row's codes in a slot lives (XOR-moved so the 8 rows a
-        quarter-warp reads start in distinct banks)."""
-        pieces = 16 * self.w // 16  # chunks a row
-        key = row % 8 if pieces >= 8 else (row // 2) % 4 if pieces == 4 else 0
-        return self.codes_off + row * 16 * self.w + tirx.bitwise_xor(chunk, key % pieces) * 16
+        quarter-warp reads start in distinct banks; TMA's 128-, 64- and 32-byte swizzles of the rows)."""
+        pieces = self.row_bytes // 16  # chunks a row
+        key = row % 8 if pieces >= 8 else (row // 2) % 4 if pieces == 4 else (row // 4) % 2
+        return self.codes_off + row * self.row_bytes + tirx.bitwise_xor(chunk, key % pieces) * 16
 
     def issue(self, it, slot) -> None:
         """``cp.async`` (and TMA) of the activations, codes and scale codes of ring count ``it`` (its
@@ -618,32 +625,34 @@ class _Kernel:
         threads = 128 * h.wg
         if h.tma:
             self.tma_issue(m0, n0, it, slot)
-        # activations: 16 chunks a row (128 K of 2 bytes), two swizzled halves of 64 K
-        for r in range(0 if h.tma else -(-self.m_tile * 16 // threads)):
+        # activations: a 16-byte chunk per 8 K of a row (16 or 8 a row), swizzled halves of 64 K
+        per = self.bk // 8
+        for r in range(0 if h.tma else -(-self.m_tile * per // threads)):
             i = tx + threads * r
-            row, c16 = i // 16, i % 16
+            row, c16 = i // per, i % per
             dst = self._addr(slot, (c16 // 8) * self.m_tile * ROW + swizzled(row, c16 % 8))
             conds = [m0 + row < self.m]
-            if self.m_tile * 16 < threads * (r + 1):
-                conds.insert(0, i < self.m_tile * 16)
-            when(T, conds, cp16(dst, self.A.ptr_to([m0 + row, it * BK + 8 * c16]), 16))
-        # codes: w chunks a row
-        rows = 64 * h.wg
-        for r in range(0 if h.tma == 2 else -(-rows * self.w // threads)):
+            if self.m_tile * per < threads * (r + 1):
+                conds.insert(0, i < self.m_tile * per)
+            when(T, conds, cp16(dst, self.A.ptr_to([m0 + row, it * self.bk + 8 * c16]), 16))
+        # codes: the row's bytes of the slot in 16-byte chunks
+        rows, per = 64 * h.wg, self.row_bytes // 16
+        for r in range(0 if h.tma == 2 else -(-rows * per // threads)):
             i = tx + threads * r
-            row, c = i // self.w, i % self.w
-            src = self.B.ptr_to([n0 + row, it * 16 * self.w + 16 * c])
-            conds = [i < rows * self.w] if rows * self.w < threads * (r + 1) else []
+            row, c = i // per, i % per
+            src = self.B.ptr_to([n0 + row, it * self.row_bytes + 16 * c])
+            conds = [i < rows * per] if rows * per < threads * (r + 1) else []
             when(T, conds, cp16(self._addr(slot, self._code_chunk(row, c)), src, 16))
-        # scale codes: 4 bytes a row (prod: warp 0's lanes, a row each 32)
+        # scale codes: 4 bytes a row, those of the 128 K the slot is in (prod: warp 0's lanes, a row each 32)
         cp4 = T.ptx["cp.async.ca.shared.global"]
+        window = it * (BK // STEP) if self.bk == BK else it // 2 * (BK // STEP)  # the word's first code
         if h.prod:
             for r in range(rows // 32):
                 row = self.lane + 32 * r
-                src = self.S.ptr_to([n0 + row, it * (BK // STEP)])
+                src = self.S.ptr_to([n0 + row, window])
                 T.evaluate(cp4(self._addr(slot, self.scales_off + 4 * row), src, 4))
             return
-        src = self.S.ptr_to([n0 + tx, it * (BK // STEP)])
+        src = self.S.ptr_to([n0 + tx, window])
         dst = self._addr(slot, self.scales_off + 4 * tx)
         when(T, [tx < rows] if rows < threads else [], cp4(dst, src, 4))
 
@@ -683,7 +692,7 @@ class _Kernel:
                 self.lane_words(slot, row, u, words, r)
             return
         T, per = self.T, self.w // 4  # words a step
-        if list(steps) == list(range(BK // STEP)):
+        if list(steps) == list(range(self.steps)):
             for c in range(per):
                 dst = [words[u, r, o] for u in range(4 * c // per, 4 * (c + 1) // per) for o in range(per)]
                 chunk = self._code_chunk(row, per * self.j + c)
@@ -699,15 +708,17 @@ class _Kernel:
                     T.ptx.ld.shared.v2.b32(words[u, r, 0], words[u, r, 1], self._addr(slot, chunk + byte))
                 )
 
-    def decode(self, slot, buf: int, fold: bool, steps=range(BK // STEP)) -> None:
-        """This thread's fragments of the slot's ``steps`` into ``afr[buf]``: codes of its two rows,
-        pairs decoded and (``fold``) multiplied by their folded block scale."""
+    def decode(self, slot, buf: int, fold: bool, steps=None, it=None) -> None:
+        """This thread's fragments of the slot's ``steps`` (all) into ``afr[buf]``: codes of its two
+        rows, pairs decoded and (``fold``) multiplied by their folded block scale (ring count ``it``'s:
+        :meth:`scale_words`)."""
         T = self.T
-        words = T.alloc_buffer((BK // STEP, 2, 2), "uint32", scope="local")
+        steps = range(self.steps) if steps is None else steps
+        words = T.alloc_buffer((self.steps, 2, 2), "uint32", scope="local")
         late = self.m_tile > BIG  # a step's words loaded just before its decode
         for r in range(2):
             self.row_words(slot, self.row(r), [] if late else list(steps), words, r)
-        sc = self.scale_words(slot) if fold else None
+        sc = self.scale_words(slot, it) if fold else None
         fma = T.ptx.fma.rn.f16x2 if self.a_dtype == "float16" else T.ptx.fma.rn.bf16x2
         for u in steps:
             for r in range(2) if late else []:
@@ -732,14 +743,26 @@ class _Kernel:
                 if fold:
                     T.evaluate(fma(a, a, fac[q % 2], u32(0x80008000)))  # a f + -0: keeps -0
 
-    def scale_words(self, slot):
-        """This thread's two rows' 4 scale codes of the slot (a uint32 each)."""
-        sc = self.T.alloc_buffer((2,), "uint32", scope="local")
+    def scale_words(self, slot, it):
+        """This thread's two rows' scale codes of the slot, of ring count ``it`` (a uint32 each, the
+        slot's first step's code in the low byte: ``bk`` 64 takes the word's high half where ``it``'s K
+        iteration is odd)."""
+        T = self.T
+        sc = T.alloc_buffer((2,), "uint32", scope="local")
         for r in range(2):
-            self.T.evaluate(
-                self.T.ptx.ld.shared.b32(sc[r], self._addr(slot, self.scales_off + 4 * self.row(r)))
-            )
+            T.evaluate(T.ptx.ld.shared.b32(sc[r], self._addr(slot, self.scales_off + 4 * self.row(r))))
+            if self.bk != BK:
+                odd = tirx.Cast("uint32", self.k_iter(it) % 2)
+                T.buffer_store(sc, tirx.BufferLoad(sc, [r]) >> (odd << u32(4)), [r])
         return sc
+
+    def k_iter(self, it):
+        """Ring count ``it``'s K iteration, up to a multiple of 2 (``bk`` 64 asks only its parity):
+        the block's K range's (split K) or, stream-K, its run's (a tile's iterations, ``k / bk``,
+        are even)."""
+        if self.h.sk:
+            return self.x0 + it
+        return it if self.z is None else self.z * self.iters + it
 
     @staticmethod
     def code(sc, r: int, u: int):
@@ -755,12 +778,13 @@ class _Kernel:
         both = pairs.prmt(tirx.BufferLoad(sc, [r]), u32(0), 0x4040 | u << 8 | u, cuda=True)
         return both * u32(self.fold.mul // 0x10001) + add
 
-    def mma(self, slot, buf: int, steps=range(BK // STEP), into=None, part: int = 0, fresh=None) -> None:
+    def mma(self, slot, buf: int, steps=None, into=None, part: int = 0, fresh=None) -> None:
         """The wgmmas (2 k16 a step) of the slot's ``steps`` into the accumulator (the first of them
         overwrites it where ``fresh``, a runtime condition), or ``into`` (a fragment the first of them
         overwrites: the tile's activation rows ``part * self.part`` on, :attr:`part` of them), one
         commit group."""
         T = self.T
+        steps = range(self.steps) if steps is None else steps
         ab = {"float16": "f16", "bfloat16": "bf16"}[self.a_dtype]
         cols = self.m_tile if into is None or into is self.acc else self.part
         op = T.ptx[f"wgmma.mma_async.sync.aligned.m64n{cols}k16.f32.{ab}.{ab}"]
@@ -849,7 +873,7 @@ class _Kernel:
         T, h = self.T, self.h
         slot = it % h.stages
         self.head(it)
-        self.decode(slot, buf, fold=True)
+        self.decode(slot, buf, fold=True, it=it)
         self.mma(slot, buf, fresh=it == self.c0 if h.sk else None)
         # double: the previous slot's wgmmas are done (their fragments and slot free), this one's run on
         T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(1 if h.double else 0))
@@ -864,12 +888,12 @@ class _Kernel:
         big = self.m_tile > BIG
         if not big:
             self.decode(slot, 0, fold=False)
-        sc = self.scale_words(slot)
+        sc = self.scale_words(slot, it)
         # stream-K: a step's wgmmas overwrite the accumulator, added to the workspace (ptxas serializes
         # the wgmmas of a loop in which other instructions write their accumulator)
         tmp = self.acc if h.sk else self.tmp
         part = self.frag if h.sk else self.part // 2  # the fragment's registers of a part of the rows
-        for u, p in itertools.product(range(BK // STEP), range(self.frag // part)):
+        for u, p in itertools.product(range(self.steps), range(self.frag // part)):
             if big and p == 0:
                 self.decode(slot, 0, fold=False, steps=[u])
             self.mma(slot, 0, steps=[u], into=tmp, part=p)
@@ -914,10 +938,10 @@ class _Kernel:
         with T.If(self.tx < 64 * h.wg):
             with T.Then():
                 row = self.n0 + self.tx
-                for off in range(0, its * 16 * self.w, 128):
-                    src = self.B.ptr_to([row, first * 16 * self.w + off])
+                for off in range(0, its * self.row_bytes, 128):
+                    src = self.B.ptr_to([row, first * self.row_bytes + off])
                     T.evaluate(T.ptx.prefetch.global_.L2(src))
-                T.evaluate(T.ptx.prefetch.global_.L2(self.S.ptr_to([row, first * (BK // STEP)])))
+                T.evaluate(T.ptx.prefetch.global_.L2(self.S.ptr_to([row, first * self.steps])))
 
     def prologue(self) -> None:
         """The ring's barriers set up (``ring`` 1) and its first ``ahead`` slots issued."""

@@ -19,7 +19,7 @@ from mxgemm import formats
 from mxgemm.codegen import pairs
 from mxgemm.codegen import target as targets
 from mxgemm.codegen.shapes import WIDE_M_BUCKETS
-from mxgemm.codegen.wgmma_w import M_TILES, PROD, SK, SPLITS, TMA, Hints, applies, kernel
+from mxgemm.codegen.wgmma_w import BK, M_TILES, PROD, SK, SPLITS, TMA, Hints, applies, kernel
 from mxgemm.rules.base import Rule, Scheduled, cheapest, cuda_linear, replaced
 
 BUCKETS = (32, 64, 128, 256, *WIDE_M_BUCKETS)
@@ -33,7 +33,7 @@ class WgmmaW(Rule):
     name = "wgmma_w"
     Hints = Hints
     routed = False
-    structure = ("wg", "mt", "splits", "sk", "cluster")
+    structure = ("wg", "mt", "splits", "sk", "cluster", "bk")
 
     @staticmethod
     def _serves(spec: Any) -> bool:
@@ -51,22 +51,28 @@ class WgmmaW(Rule):
         stream-K on the mbarrier ring, stream-K unsplit (deterministic order), warp 0 or a producer
         warpgroup refilling the ring where TMA loads it (the producer: 1 or 2 others), the ring's first
         loads before the scale scan or after it (``early``; stream-K: before), with programmatic
-        dependent launch or without (``pdl``; stream-K: without)."""
+        dependent launch or without (``pdl``; stream-K: without); 128- and 256-row tiles with codes by
+        TMA also in 4-8 slots of 64 K (``bk``)."""
         if not self._serves(spec):
             return []
         f = formats.get(spec.fmt)
-        tiles = ((1, 2, 4), (3, 4, 5, 6), (1, 0), M_TILES, SPLITS)
-        space = itertools.product(*tiles, (0, 1), TMA, SK, PROD, (1, 0, 2))
+        tiles = ((1, 2, 4), (3, 4, 5, 6, 8), (1, 0), M_TILES, SPLITS)
+        space = itertools.product(*tiles, (0, 1), TMA, SK, PROD, (1, 0, 2), (BK, BK // 2))
+        slots = lambda p: (  # noqa: E731  (6 slots of 128 K: small M tiles; 64 K: wide tiles by TMA)
+            (p[1] < 6 or p[3] <= 32) and p[1] < 8
+            if p[10] == BK
+            else p[1] > 3 and p[3] >= 128 and p[6] == 2
+        )
         ok = lambda p: (  # noqa: E731
             p[3] <= spec.m_bucket
-            and (p[1] < 6 or p[3] <= 32)  # (6 slots: small M tiles)
+            and slots(p)
             and (p[5] or not p[6])
             and (not p[7] or (p[5] and p[4] == 1))
             and (not p[8] or p[6] == 2)
             and (p[8] < 2 or p[0] <= 2)
         )
         hints = (
-            Hints(*p, cluster=c, early=e, pdl=d)
+            Hints(*p[:10], cluster=c, early=e, pdl=d, bk=p[10])
             for p in space
             if ok(p)
             for c in ((0, 1) if p[4] == 2 else (0,))
@@ -147,7 +153,8 @@ class WgmmaW(Rule):
         ring = (0.9 if h.wg > 1 else 1.1) if h.ring else 1.0
         ring *= (0.9, 0.85)[h.tma - 1] if h.tma and h.wg > 1 else 1.02 if h.tma else 1.0
         prod = (1.0, 0.92 if h.mt == 256 else 0.97, 0.9)[h.prod] if not h.sk else 1.0
-        ring *= prod * (1.0 + 0.1 * abs(h.stages - 4)) * (0.95 if h.lean else 1.0)
+        ring *= prod * (1.0 + 0.1 * abs(h.stages * h.bk / BK - 4)) * (0.95 if h.lean else 1.0)
+        ring *= 1.0 if h.bk == BK else 1.05  # (twice the ring's turns)
         if h.mt < 64:
             short *= 1.25 if h.sk else 1.0
             ring *= 1.0 if h.prod == 2 else 1.1
@@ -160,7 +167,8 @@ class WgmmaW(Rule):
         first loads issued before the scale scan (``early``); ``hints`` split in two with its parts added in a
         cluster's shared memory; ``hints`` leaner (``lean`` 1; the twins below lean too) and
         with its outputs scaled by a multiply (``lean`` 2), with its loads by TMA (the ring on,
-        ``tma`` 2), refilled by every thread, warp 0 and a producer warpgroup (``prod``), and that
+        ``tma`` 2), refilled by every thread, warp 0 and a producer warpgroup (``prod``), in as many
+        slots of 64 K as fit (up to 8: ``bk``), and that
         unsplit on a stream-K grid of 1 and 2 blocks an SM, with its M tile and twice it (stream-K
         pays per tile a block runs: on 8192² at 128 rows two warpgroups × 128 rows took 0.77x the
         time of × 64), where those are candidates."""
@@ -177,6 +185,9 @@ class WgmmaW(Rule):
             replaced(leaner, lean=2),
             *(replaced(leaner, ring=1, tma=2, prod=p) for p in PROD),
         ]
+        halves = (replaced(leaner, bk=BK // 2, stages=s) for s in (8, 6, 5, 4))
+        fits = lambda t: applies(formats.get(spec.fmt), spec.n, spec.k, spec.a_dtype, t) is None  # noqa: E731
+        twins += [next((t for t in halves if t is not None and fits(t)), None)]
         sk = dict(ring=1, tma=hints.tma or 2, splits=1)
         tiles = itertools.product((hints.mt, 2 * hints.mt), SK[1:])
         prod = lambda k: hints.prod if k == 1 else min(hints.prod, 1)  # noqa: E731  (a producer: sk 1)
