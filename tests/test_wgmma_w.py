@@ -75,8 +75,13 @@ def test_applies_names_the_problem():
     big = wgmma_w.Hints(2, 3, 1, mt=256, splits=2, ring=1, tma=2, prod=2, cluster=1)
     assert big.partial_bytes() == 256 * 132 * 4 <= 3 * big.slot_bytes(4)[2]
     assert wgmma_w.applies(fp4, 256, 1024, "float16", big) is None
-    # slots of 64 K: half the bytes, so 8-bit codes fit two warpgroups × 256 rows in 5 (32 KB of
-    # activations, 8 KB of codes, 512 bytes of scale codes: 41 KB a slot), not 6; K a multiple of 128
+
+
+def test_slots_of_64_k_fit_twice_as_many():
+    """Half the bytes a slot, so 8-bit codes fit two warpgroups × 256 rows in 5 (32 KB of activations,
+    8 KB of codes, 512 bytes of scale codes: 41 KB a slot), not 6; K a multiple of 128 (a slot's
+    word of 4 scale codes a row)."""
+    fp8 = formats.get("mxfp8_e4m3")
     half = wgmma_w.Hints(2, 5, 1, mt=256, ring=1, tma=2, prod=2, bk=64)
     assert half.slot_bytes(8) == (32768, 32768 + 8192, 41984)
     assert wgmma_w.applies(fp8, 256, 512, "float16", half) is None
