@@ -430,9 +430,11 @@ HALF_SK = wgmma_w.Hints(2, 8, 0, mt=128, ring=1, tma=2, sk=1, prod=2, lean=1, bk
 HALF_SPLIT = wgmma_w.Hints(1, 4, 0, mt=64, splits=2, bk=64)
 GPU_TILES += [(HALF_WIDE, 300), (HALF_SK, 150), (HALF_SPLIT, 77)]
 CVT_CASES += [(dataclasses.replace(HALF_WIDE, cvt=1), 300)]
-# ... and their bits against slots of 128 K (where those fit: one warpgroup × 256 rows, 4 slots)
+# ... and their bits against slots of 128 K (where those fit: one warpgroup × 256 rows in 3 slots; a
+# cluster of two splits; not stream-K, whose units, and so the order its parts are added in, are of
+# bk K)
 HALF_CASES = [(dataclasses.replace(HALF_WIDE, wg=1, stages=3), 300), (HALF_SPLIT, 77)]
-HALF_CASES += [(dataclasses.replace(HALF_SK, stages=4), 150)]
+HALF_CASES += [(wgmma_w.Hints(2, 4, 1, 128, 2, ring=1, tma=2, prod=2, lean=2, cluster=1, bk=64), 150)]
 # test_gpu_an_option_gives_the_same_bits's: (option, hints with it, rows)
 SAME_BITS = [
     (o, h, m)

@@ -187,8 +187,9 @@ class Hints:
         ok = ok and not (self.frag and self.bk != BK)
         if not ok or self.tma not in TMA or (self.tma and not self.ring):
             raise ValueError(
-                f"wgmma_w hints {self}: bk 128|64, wg 1..4, stages 3..6 (bk 64: 3..8), double 0|1, mt 16|32|64|128|256, "
-                "splits 1|2|4|8, ring 0|1, tma 0|1|2 (with ring 1), sk 0|1|2 (with ring 1 and splits 1), "
+                f"wgmma_w hints {self}: bk 128|64, wg 1..4, stages 3..6 (bk 64: 3..8), double 0|1, "
+                "mt 16|32|64|128|256, splits 1|2|4|8, ring 0|1, tma 0|1|2 (with ring 1), "
+                "sk 0|1|2 (with ring 1 and splits 1), "
                 "prod 0|1|2 (with tma 2; 2 with wg 1|2), lean 0|1|2, cluster 0|1 (1 with splits > 1), "
                 "early 0|1 (1 with sk 0), frag 0|1 (0 with bk 64), pdl 0|1|2 (sk 0), cvt 0|1"
             )
