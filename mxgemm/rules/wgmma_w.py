@@ -59,9 +59,7 @@ class WgmmaW(Rule):
         tiles = ((1, 2, 4), (3, 4, 5, 6, 8), (1, 0), M_TILES, SPLITS)
         space = itertools.product(*tiles, (0, 1), TMA, SK, PROD, (1, 0, 2), (BK, BK // 2))
         slots = lambda p: (  # noqa: E731  (6 slots of 128 K: small M tiles; 64 K: wide tiles by TMA)
-            (p[1] < 6 or p[3] <= 32) and p[1] < 8
-            if p[10] == BK
-            else p[1] > 3 and p[3] >= 128 and p[6] == 2
+            (p[1] < 6 or p[3] <= 32) and p[1] < 8 if p[10] == BK else p[1] > 3 and p[3] >= 128 and p[6] == 2
         )
         ok = lambda p: (  # noqa: E731
             p[3] <= spec.m_bucket
