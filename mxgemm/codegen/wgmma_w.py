@@ -288,7 +288,7 @@ class _Kernel:
         self.quads = h.lean and pairs.quad_supported(fmt, a_dtype)  # (one plane of 4-bit codes)
         self.codes_off, self.scales_off, self.slot = h.slot_bytes(fmt.bits)
         self.bk, self.steps = h.bk, h.bk // STEP  # K of a slot, scale steps of a slot
-        self.row_bytes = h.bk * fmt.bits // 8  # of a row's codes in a slot
+        self.chunks = h.bk * fmt.bits // 128  # 16-byte chunks of a row's codes in a slot
         self.iters = k // h.bk // h.splits  # a block's
         self.ahead = h.stages - 2 if h.double else h.stages - 1
         self.frag = h.mt // 2  # fp32 registers of a thread's m64n{mt} fragment
@@ -572,7 +572,7 @@ class _Kernel:
         """The host-encoded tensor maps (``tma``) of A (boxes of 64 K × ``mt`` rows, 128-byte swizzle,
         rows past M zeros) and, with ``tma`` 2, of B (a row's bytes of a slot × the block's rows,
         swizzled as :meth:`_code_chunk` places them: 32-, 64- or 128-byte rows, swizzles 1, 2, 3)."""
-        T, k, w, rb = self.T, self.k, self.w, self.row_bytes
+        T, k, w, rb = self.T, self.k, self.w, 16 * self.chunks
         grids = [(self.A, self.a_dtype, (k, self.m, 2 * k, 64, self.m_tile), 3)]
         if self.h.tma == 2:
             dims = (k * w // 8, self.n, k * w // 8, rb, 64 * self.h.wg)
@@ -596,8 +596,8 @@ class _Kernel:
         chain = T.ptx["cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"]
         loads = [(half * mt * ROW, 0, it * self.bk + 64 * half, m0) for half in range(self.bk // 64)]
         if h.tma == 2:
-            loads.append((self.codes_off, 1, it * self.row_bytes, n0))
-        size = self.codes_off + (64 * h.wg * self.row_bytes if h.tma == 2 else 0)
+            loads.append((self.codes_off, 1, it * 16 * self.chunks, n0))
+        size = self.codes_off + (64 * h.wg * 16 * self.chunks if h.tma == 2 else 0)
         with T.If(self.tx == (128 * h.wg if h.prod == 2 else 0)):
             with T.Then():
                 T.evaluate(T.ptx["mbarrier.arrive.expect_tx.shared.b64"](full, u32(size)))
@@ -613,9 +613,9 @@ class _Kernel:
     def _code_chunk(self, row, chunk):
         """Where 16-byte chunk ``chunk`` of a row's codes in a slot lives (XOR-moved so the 8 rows a
         quarter-warp reads start in distinct banks; TMA's 128-, 64- and 32-byte swizzles of the rows)."""
-        pieces = self.row_bytes // 16  # chunks a row
+        pieces = self.chunks
         key = row % 8 if pieces >= 8 else (row // 2) % 4 if pieces == 4 else (row // 4) % 2
-        return self.codes_off + row * self.row_bytes + tirx.bitwise_xor(chunk, key % pieces) * 16
+        return self.codes_off + row * 16 * pieces + tirx.bitwise_xor(chunk, key % pieces) * 16
 
     def issue(self, it, slot) -> None:
         """``cp.async`` (and TMA) of the activations, codes and scale codes of ring count ``it`` (its
@@ -637,11 +637,11 @@ class _Kernel:
                 conds.insert(0, i < self.m_tile * per)
             when(T, conds, cp16(dst, self.A.ptr_to([m0 + row, it * self.bk + 8 * c16]), 16))
         # codes: the row's bytes of the slot in 16-byte chunks
-        rows, per = 64 * h.wg, self.row_bytes // 16
+        rows, per = 64 * h.wg, self.chunks
         for r in range(0 if h.tma == 2 else -(-rows * per // threads)):
             i = tx + threads * r
             row, c = i // per, i % per
-            src = self.B.ptr_to([n0 + row, it * self.row_bytes + 16 * c])
+            src = self.B.ptr_to([n0 + row, it * 16 * per + 16 * c])
             conds = [i < rows * per] if rows * per < threads * (r + 1) else []
             when(T, conds, cp16(self._addr(slot, self._code_chunk(row, c)), src, 16))
         # scale codes: 4 bytes a row, those of the 128 K the slot is in (prod: warp 0's lanes, a row each 32)
@@ -939,8 +939,8 @@ class _Kernel:
         with T.If(self.tx < 64 * h.wg):
             with T.Then():
                 row = self.n0 + self.tx
-                for off in range(0, its * self.row_bytes, 128):
-                    src = self.B.ptr_to([row, first * self.row_bytes + off])
+                for off in range(0, its * 16 * self.chunks, 128):
+                    src = self.B.ptr_to([row, first * 16 * self.chunks + off])
                     T.evaluate(T.ptx.prefetch.global_.L2(src))
                 T.evaluate(T.ptx.prefetch.global_.L2(self.S.ptr_to([row, first * self.steps])))
 
