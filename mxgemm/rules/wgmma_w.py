@@ -144,7 +144,8 @@ class WgmmaW(Rule):
         rows in 5: 0.71-0.96x the time of the records (128-row tiles, decode + cuBLAS) at 256-1024 rows
         on 14 of 18 tasks in fp16, 0.73-0.90x on 10 of 18 in bf16; 4-bit codes' 256-row tiles in 6 of
         them 0.94-1.14x the time of 3 of 128 K (H200, mxfp8_e4m3 and mxfp4, 6 shapes:
-        ``wgmma_w-bk64-*.jsonl``): the stage term counts the ring's bytes, a 64 K slot's turns 1.05."""
+        ``wgmma_w-bk64-*.jsonl``), 128-row tiles in 8 of them 1.01-1.12x the time of 4 of 128 K (23
+        tasks at 128 and 256 rows): the stage term counts the ring's bytes, a 64 K slot's turns 1.05."""
         short = _tail(_blocks(spec, h) * h.splits, _slots(spec, h))
         short = short if not h.sk else 1.03 * (1.0 if h.sk == _per_sm(h) else 1.05)
         short *= 1.5 if h.sk and h.mt == 256 else 1.0
