@@ -1,12 +1,13 @@
 """The ``mma`` kernel's faster decodes: fp4 codes into fp16 four pairs a word (``mma.Hints.quad``,
-:func:`mxgemm.codegen.pairs.decode_quad`) and 8-bit float codes into fp16 by one ``cvt`` a pair
-(``mma.Hints.cvt``, :func:`mxgemm.codegen.pairs.cvt_pair`).
+:func:`mxgemm.codegen.pairs.decode_quad`) and 8-bit float codes into fp16 by one ``cvt`` a pair, into
+bf16 by that and a widening (``mma.Hints.cvt``, :func:`mxgemm.codegen.pairs.cvt_pair`).
 
 CPU: which hints and formats take them, the rule's twins, and (nvcc) fewer integer ops in the
 kernel's PTX (``cvt``: one conversion a pair). GPU (Hopper): the same output bits as the kernel
 without them, on the ring (one row, PDL), the register pipeline (4 rows), 16 rows (``quad``: folded
 scales) and 32 rows with the activations in the ring, with a block the fold cannot take
-(``quad``) or block scales over 16 binades (``cvt``); an e4m3 NaN code gives NaN (``cvt``).
+(``quad``) or block scales over 16 binades (``cvt``, fp16 and bf16); an e4m3 NaN code gives NaN
+(``cvt``).
 """
 
 import dataclasses
@@ -41,8 +42,9 @@ PREBUILD = [
     for h in (hints.to_dict(), dataclasses.replace(hints, quad=0).to_dict())
 ]
 PREBUILD += [
-    dict(fmt=f, n=N, k=K, m_bucket=m, target="sm_90", hints=h, rule="mma")
+    dict(fmt=f, n=N, k=K, m_bucket=m, target="sm_90", hints=h, rule="mma", a_dtype=dt)
     for f in CVT_FORMATS
+    for dt in ("float16", "bfloat16")
     for hints, m, _ in CVT_CASES
     for h in (hints.to_dict(), dataclasses.replace(hints, cvt=0).to_dict())
 ]
@@ -59,12 +61,12 @@ PREBUILD += [
         (
             "cvt",
             "take no cvt of fp8 pairs",
-            [("mxfp8_e4m3", "bfloat16"), ("mxfp4", "float16"), ("mxint8", "float16")],
+            [("mxfp6_e3m2", "bfloat16"), ("mxfp4", "float16"), ("mxint8", "float16")],
         ),
     ],
 )
 def test_each_decode_takes_its_formats_only(option, why, declined):
-    """``quad``: fp4 into fp16; ``cvt``: e4m3 / e5m2 into fp16, never folded (the fold's multipliers
+    """``quad``: fp4 into fp16; ``cvt``: e4m3 / e5m2 into fp16 or bf16, never folded (the fold's multipliers
     are made for :func:`~mxgemm.codegen.pairs.decode_pair`'s pairs)."""
     with pytest.raises(ValueError, match="mma hints out of range"):
         mma.Hints(**{option: 2})
@@ -81,7 +83,7 @@ def test_each_decode_takes_its_formats_only(option, why, declined):
     ("option", "offered"),
     [
         ("quad", {("mxfp4", "float16")}),
-        ("cvt", {("mxfp8_e4m3", "float16"), ("mxfp8_e5m2", "float16")}),
+        ("cvt", {(f, dt) for f in ("mxfp8_e4m3", "mxfp8_e5m2") for dt in ("float16", "bfloat16")}),
     ],
 )
 def test_the_rule_offers_each_decode_as_a_twin_for_its_formats(option, offered):
@@ -113,8 +115,8 @@ def test_cvt_and_fold_twins_exclude_each_other():
     assert not any(t.cvt for t in mma_rule.RULE.twins(spec, dataclasses.replace(record, fold=1)))
 
 
-def _ptx(tmp_path, fmt, hints) -> str:
-    k = mxgemm.build(fmt, n=N, k=K, m_bucket=1, target="sm_90", hints=hints, rule="mma")
+def _ptx(tmp_path, fmt, hints, dtype="float16") -> str:
+    k = mxgemm.build(fmt, n=N, k=K, m_bucket=1, target="sm_90", hints=hints, rule="mma", a_dtype=dtype)
     cu, ptx = tmp_path / "k.cu", tmp_path / "k.ptx"
     cu.write_text(k.source)
     subprocess.run(["nvcc", "-ptx", "-O3", "-arch=sm_90", "-o", str(ptx), str(cu)], check=True)
@@ -122,14 +124,15 @@ def _ptx(tmp_path, fmt, hints) -> str:
 
 
 @pytest.mark.nvcc
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("fmt", CVT_FORMATS)
-def test_cvt_converts_each_pair_once(tmp_path, fmt):
+def test_cvt_converts_each_pair_once(tmp_path, fmt, dtype):
     """The one-row ring kernel (8 warps, one iteration of 8 steps, one 16-row tile): one
     ``cvt.rn.f16x2`` a pair (2 rows × 8 steps × 4 pairs a lane) and fewer shifts and logic ops."""
     ops = lambda text: len(re.findall(r"^\s*(?:shl|shr|and|or|xor|lop3|prmt)\.", text, re.M))  # noqa: E731
     hints = CVT_CASES[0][0]
-    cvt = _ptx(tmp_path, fmt, hints.to_dict())
-    plain = _ptx(tmp_path, fmt, dataclasses.replace(hints, cvt=0).to_dict())
+    cvt = _ptx(tmp_path, fmt, hints.to_dict(), dtype)
+    plain = _ptx(tmp_path, fmt, dataclasses.replace(hints, cvt=0).to_dict(), dtype)
     assert len(re.findall(rf"cvt\.rn\.f16x2\.{pairs.CVT[fmt]}", cvt)) == 2 * 8 * 4
     assert "cvt.rn.f16x2" not in plain and ops(cvt) < ops(plain)
 
@@ -159,7 +162,10 @@ hopper = pytest.mark.skipif(
 
 
 def _run(hints: mma.Hints, m_bucket: int, x: torch.Tensor, q, fmt: str = "mxfp4") -> torch.Tensor:
-    k = mxgemm.build(fmt, n=N, k=K, m_bucket=m_bucket, target="sm_90", hints=hints.to_dict(), rule="mma")
+    dt = str(x.dtype).removeprefix("torch.")
+    k = mxgemm.build(
+        fmt, n=N, k=K, m_bucket=m_bucket, target="sm_90", hints=hints.to_dict(), rule="mma", a_dtype=dt
+    )
     y = torch.empty(x.shape[0], N, dtype=x.dtype, device="cuda")
     builder.launch(k, [x, *layout.to_planes(q.blocks, formats.get(fmt).bits), q.scales, y])
     return y
@@ -184,16 +190,18 @@ def test_gpu_quad_gives_the_same_bits(hints, m_bucket, rows):
 
 @pytest.mark.gpu
 @hopper
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("fmt", CVT_FORMATS)
 @pytest.mark.parametrize(("hints", "m_bucket", "rows"), CVT_CASES)
-def test_gpu_cvt_gives_the_same_bits(fmt, hints, m_bucket, rows):
+def test_gpu_cvt_gives_the_same_bits(fmt, hints, m_bucket, rows, dtype):
     """Weights whose blocks are scaled over 2**-16..1, activations over 2**-6..4: the bits of the
     kernel without ``cvt`` (whose pairs are the values times ``2**(bias - 15)``, brought back per
     output)."""
     torch.manual_seed(12)
     binades = torch.randint(-16, 1, (N, K // 32), device="cuda").repeat_interleave(32, 1)
     q = reference.quantize(torch.randn(N, K, device="cuda") * 2.0**binades, fmt)
-    x = (torch.randn(rows, K, device="cuda") * 2.0 ** torch.randint(-6, 3, (rows, 1), device="cuda")).half()
+    binades = torch.randint(-6, 3, (rows, 1), device="cuda")
+    x = (torch.randn(rows, K, device="cuda") * 2.0**binades).to(dtype)
     y = _run(hints, m_bucket, x, q, fmt)
     want = _run(dataclasses.replace(hints, cvt=0), m_bucket, x, q, fmt)
     assert torch.isfinite(want).all() and torch.equal(y, want)
@@ -201,13 +209,14 @@ def test_gpu_cvt_gives_the_same_bits(fmt, hints, m_bucket, rows):
 
 @pytest.mark.gpu
 @hopper
-def test_gpu_cvt_gives_nan_for_an_e4m3_nan_code():
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_cvt_gives_nan_for_an_e4m3_nan_code(dtype):
     """An e4m3 NaN element code (0x7F; quantize never writes one) gives NaN in its output column, as
     the OCP spec and ml_dtypes decode it; the other outputs (one-hot row: the weights themselves) finite."""
     torch.manual_seed(13)
     q = reference.quantize(torch.randn(N, K, device="cuda"), "mxfp8_e4m3")
     q.blocks[3, 100] = 0x7F
-    x = torch.zeros(1, K, dtype=torch.float16, device="cuda")
+    x = torch.zeros(1, K, dtype=dtype, device="cuda")
     x[0, 100] = 1.0
     y = _run(CVT_CASES[0][0], 1, x, q, "mxfp8_e4m3")[0]
     assert y[3].isnan() and torch.isfinite(torch.cat([y[:3], y[4:]])).all()

@@ -72,8 +72,8 @@ def test_bf16_borrows_the_fp16_mma_record_and_nothing_else(tmp_path):
 
 
 def test_bf16_borrows_an_fp16_record_without_its_fp16_only_hints(tmp_path):
-    """``quad`` (fp4 four pairs a word) and ``cvt`` (fp8 pairs by one conversion) exist for fp16 alone:
-    a bf16 key that borrows such an fp16 record gets them off, the rest of its hints kept."""
+    """``quad`` (fp4 four pairs a word) exists for fp16 alone: a bf16 key that borrows such an fp16
+    record gets it off, the rest of its hints kept (``cvt`` included: fp8 pairs convert in both)."""
     import dataclasses
 
     p = tmp_path / "sm_90.json"
@@ -82,13 +82,13 @@ def test_bf16_borrows_an_fp16_record_without_its_fp16_only_hints(tmp_path):
     )
     bf16 = dataclasses.replace(rec(1), a_dtype="bfloat16")
     assert tunelog.lookup(bf16.key(), V1, [p]).config == {"nt": 2, "quad": 0, "cvt": 0}
-    assert tunelog.lookup(dataclasses.replace(bf16, n=8192).key(), V1, [p]).config == {"mt": 64, "cvt": 0}
+    assert tunelog.lookup(dataclasses.replace(bf16, n=8192).key(), V1, [p]).config == {"mt": 64, "cvt": 1}
 
 
 @pytest.mark.nvcc
 def test_a_bf16_layer_builds_on_an_fp16_cvt_record(tmp_path, monkeypatch):
     """A bf16 mxfp8_e4m3 layer whose shape has only an fp16 record with ``cvt`` builds its kernel with
-    the record's other hints (before, the borrowed ``cvt`` made the build raise)."""
+    the record's hints: each pair converted to fp16, then widened to bf16."""
     import mxgemm
     from mxgemm.codegen import build as builder
     from mxgemm.rules import mma
@@ -103,8 +103,8 @@ def test_a_bf16_layer_builds_on_an_fp16_cvt_record(tmp_path, monkeypatch):
     monkeypatch.setenv("MXGEMM_TUNE_LOG", str(log))
     monkeypatch.setenv("MXGEMM_CACHE_DIR", str(tmp_path / "cache"))
     k = mxgemm.build("mxfp8_e4m3", n=512, k=2048, m_bucket=1, a_dtype="bfloat16", target="sm_90")
-    assert k.rule == "mma" and k.info["hints"] == {**hints.to_dict(), "cvt": 0}
-    assert "cvt.rn.f16x2" not in k.source
+    assert k.rule == "mma" and k.info["hints"] == hints.to_dict()
+    assert "cvt.rn.f16x2.e4m3x2" in k.source
 
 
 def test_the_block_size_is_part_of_the_key(tmp_path):

@@ -479,8 +479,9 @@ PREBUILD += [  # _assert_same_bits's: each case without its option and with it
 ]
 PREBUILD += [("mxfp4", PDL_N, PDL_N, dt, False, h) for dt in ("float16", "bfloat16") for h, _ in PDL_CASES]
 PREBUILD += [  # test_gpu_cvt_gives_the_same_bits's
-    (f, 256, 512, "float16", False, h)
+    (f, 256, 512, dt, False, h)
     for f in ("mxfp8_e4m3", "mxfp8_e5m2")
+    for dt in ("float16", "bfloat16")
     for case, _ in CVT_CASES
     for h in (dataclasses.replace(case, cvt=0), case)
 ]
@@ -633,37 +634,38 @@ def _assert_same_bits(fmt, dtype, hints, without, m, fold, seed):
 @pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
 @pytest.mark.parametrize(("hints", "m"), CVT_CASES)
 @pytest.mark.parametrize("fold", [True, False])
-def test_gpu_cvt_gives_the_same_bits(fmt, hints, m, fold):
-    """``cvt`` (each fp16 pair of 8-bit float codes by one ``cvt.rn.f16x2``: the elements themselves,
-    folded by a fold of true values and brought to scale without the out factor) gives the bits of
-    the kernel that decodes pairs by shifts and masks, on rows that fold and with a block that does
-    not."""
-    _assert_same_bits(fmt, "float16", hints, dataclasses.replace(hints, cvt=0), m, fold, 8)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gpu_cvt_gives_the_same_bits(fmt, hints, m, fold, dtype):
+    """``cvt`` (each fp16 pair of 8-bit float codes by one ``cvt.rn.f16x2``, bf16 then widened: the
+    elements themselves, folded by a fold of true values and brought to scale without the out factor)
+    gives the bits of the kernel that decodes pairs by shifts and masks, on rows that fold and with a
+    block that does not."""
+    _assert_same_bits(fmt, dtype, hints, dataclasses.replace(hints, cvt=0), m, fold, 8)
 
 
 @pytest.mark.nvcc
 def test_cvt_converts_each_pair_once(tmp_path):
     """The kernel's source holds the ``cvt.rn.f16x2`` of the format's fp8 pairs, in a multiple of a
     step's 8 pairs, and fewer byte permutes than the kernel that decodes by shifts and masks (one a
-    pair there); bf16 activations and fp4 codes take no ``cvt``."""
+    pair there); in bf16 too; fp4 and integer codes take no ``cvt``."""
     import tvm
 
     from mxgemm.codegen import pairs
     from mxgemm.codegen.wgmma import TARGET
 
     hints = CVT_CASES[1][0]
-    for fmt in ("mxfp8_e4m3", "mxfp8_e5m2"):
+    for fmt, dt in itertools.product(("mxfp8_e4m3", "mxfp8_e5m2"), ("float16", "bfloat16")):
         sources = []
         for i, h in enumerate((hints, dataclasses.replace(hints, cvt=0))):
-            f = wgmma_w.kernel(formats.get(fmt), n=256, k=512, out_dtype="float16", bias=False,
-                               a_dtype="float16", hints=h)  # fmt: skip
-            meta = builder.compile_export(tvm.IRModule({"main": f}), TARGET, tmp_path / f"{fmt}{i}.so")
+            f = wgmma_w.kernel(formats.get(fmt), n=256, k=512, out_dtype=dt, bias=False, a_dtype=dt, hints=h)
+            meta = builder.compile_export(tvm.IRModule({"main": f}), TARGET, tmp_path / f"{fmt}{dt}{i}.so")
             sources.append(meta["source"])
         assert f"cvt.rn.f16x2.{pairs.CVT[fmt]}" in sources[0] and "cvt.rn.f16x2" not in sources[1]
         cvt, plain = (src[src.index("__global__") :] for src in sources)
         calls = cvt.count("tvm_builtin_ptx_cvt_f16x2_f8x2")
-        assert calls and calls % 8 == 0 and cvt.count("__byte_perm(") < plain.count("__byte_perm(")
-    assert "take no cvt" in wgmma_w.applies(formats.get("mxfp8_e4m3"), 256, 512, "bfloat16", hints)
+        permutes = [src.count("__byte_perm(") + src.count("mxgemm_prmt(") for src in (cvt, plain)]
+        assert calls and calls % 8 == 0 and (dt == "bfloat16" or permutes[0] < permutes[1])
+    assert "take no cvt" in wgmma_w.applies(formats.get("mxint8"), 256, 512, "bfloat16", hints)
     assert "take no cvt" in wgmma_w.applies(formats.get("mxfp4"), 256, 512, "float16", hints)
 
 

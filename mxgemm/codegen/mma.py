@@ -106,10 +106,11 @@ class Hints:
     wave and a thin tail (:func:`mxgemm.rules.mma.one_wave`); quad: 1 (fp4 codes into fp16, where
     :func:`~mxgemm.codegen.pairs.quad_supported`) for a word's four pairs decoded at once
     (:func:`~mxgemm.codegen.pairs.decode_quad`: the same bits in fewer shifts and masks; the decode
-    is most of what the small-M kernel issues), ``shl`` then moot; cvt: 1 (8-bit float codes into
-    fp16, :func:`~mxgemm.codegen.pairs.cvt_supported`, no ``fold``) for each pair by one
-    ``cvt.rn.f16x2`` of the two codes (:func:`~mxgemm.codegen.pairs.cvt_pair`) instead of a byte
-    permute and shifts and masks: the same products, and e4m3's NaN codes NaN."""
+    is most of what the small-M kernel issues), ``shl`` then moot; cvt: 1 (8-bit float codes,
+    :func:`~mxgemm.codegen.pairs.cvt_supported`, no ``fold``) for each pair by one
+    ``cvt.rn.f16x2`` of the two codes (:func:`~mxgemm.codegen.pairs.cvt_pair`; bf16: then widened,
+    two ``cvt`` and a ``prmt``) instead of a byte permute and shifts and masks: the same products,
+    and e4m3's NaN codes NaN."""
 
     nt: int = 4
     kw: int = 4
@@ -346,7 +347,7 @@ class _Kernel:
             wd = lambda p, i, t=t, r=q % 2: word(t, r, p, i)  # noqa: E731
             a = self.afr[t, g, q]
             if h.cvt:  # codes 2p, 2p+1 (p = 2g + q // 2): 16-bit half p % 2 of word p // 2
-                pairs.cvt_pair(T, self.fmt, a, word(t, q % 2, 0, g), q // 2)
+                pairs.cvt_pair(T, self.fmt, a, word(t, q % 2, 0, g), q // 2, self.a_dtype)
                 continue
             pair = (
                 quads[t, q % 2][2 * g + q // 2]

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tvm import tirx
+from tvm.backend.cuda.op import cuda_func_call
 from tvm.ir import Expr as PrimExpr
 
 from mxgemm.codegen.decode import U32, u32
@@ -53,15 +54,31 @@ def _shift(x: PrimExpr, s: int) -> PrimExpr:
     return x if s == 0 else (x << u32(s) if s > 0 else x >> u32(-s))
 
 
+# prmt with every selector bit (a byte's sign replicated), which CUDA's __byte_perm does not promise
+PRMT = (
+    "__device__ __forceinline__ unsigned mxgemm_prmt(unsigned a, unsigned b, unsigned s) {\n"
+    '  unsigned d;\n  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s));\n  return d;\n'
+    "}\n"
+)
+
+
 def prmt(a: PrimExpr, b: PrimExpr, sel: int, cuda: bool) -> PrimExpr:
-    """PTX ``prmt`` (CUDA ``__byte_perm``): byte ``i`` of the result is byte ``sel >> 4i & 7`` of the
-    8 bytes ``b:a``. One instruction on CUDA; shifts and masks elsewhere (the CPU tests)."""
-    if cuda:
+    """PTX ``prmt`` (default mode): byte ``i`` of the result is byte ``sel >> 4i & 7`` of the 8 bytes
+    ``b:a``, or where bit ``4i + 3`` of ``sel`` is set, that byte's top bit in all 8 bits (a sign
+    replicated; CUDA's ``__byte_perm`` masks the selector to 3 bits a byte, so this is inline PTX).
+    One instruction on CUDA; shifts and masks elsewhere (the CPU tests)."""
+    if cuda and not sel & 0x8888:
         return tirx.call_pure_extern(U32, "__byte_perm", a, b, u32(sel))
+    if cuda:
+        return cuda_func_call("mxgemm_prmt", a, b, u32(sel), source_code=PRMT, return_type=U32)
     out = None
     for i in range(4):
         src = sel >> 4 * i & 7
-        byte = _shift((a if src < 4 else b) & u32(0xFF << 8 * (src % 4)), 8 * (i - src % 4))
+        if sel >> 4 * i & 8:
+            top = (a if src < 4 else b) >> u32(8 * (src % 4) + 7) & u32(1)
+            byte = top * u32(0xFF << 8 * i)
+        else:
+            byte = _shift((a if src < 4 else b) & u32(0xFF << 8 * (src % 4)), 8 * (i - src % 4))
         out = byte if out is None else out | byte
     return out
 
@@ -113,6 +130,8 @@ def decode_pair(
     bf16 = dtype == "bfloat16"
     if bf16 and fmt.specials == "ieee":
         return _half_to_bf16(decode_pair(fmt, word, pair, cuda, left), cuda)
+    if bf16 and fmt.kind == "float" and fmt.bits == 8:
+        return _byte_pair_bf16(fmt, word(0, pair // 2), 2 * (pair % 2), cuda)
     mant = MANT[dtype]
     terms: list[PrimExpr] = []
     off = 0
@@ -150,22 +169,38 @@ def decode_pair(
     return tirx.reinterpret(U32, tirx.reinterpret(f"{dtype}x2", biased) - magic)
 
 
+def _byte_pair_bf16(fmt: Format, word: PrimExpr, byte: int, cuda: bool) -> PrimExpr:
+    """:func:`decode_pair`'s bf16 pair of the 8-bit float codes in bytes ``byte`` and ``byte + 1`` of
+    ``word`` in 3 integer ops: one ``prmt`` puts each code in its half's low byte and its sign in all
+    of the high byte, a shift moves the exponent and mantissa to the low end of bf16's exponent field
+    (and a sign copy to bit 15), a mask keeps those."""
+    dest = MANT["bfloat16"] - fmt.mbits  # the field's lowest bit
+    sel = byte | (8 | byte) << 4 | (byte + 1) << 8 | (8 | byte + 1) << 12
+    field = (2 ** (fmt.bits - 1) - 1) << dest
+    return (prmt(word, word, sel, cuda) << u32(dest)) & _rep(0x8000 | field)
+
+
 CVT = {"mxfp8_e4m3": "e4m3x2", "mxfp8_e5m2": "e5m2x2"}  # PTX's packed fp8 pair of each format
 
 
 def cvt_supported(fmt: Format, dtype: str) -> bool:
-    """Whether fp16 pairs of ``fmt`` come from one ``cvt.rn.f16x2.{e4m3x2,e5m2x2}`` (sm_89 and newer):
-    the 8-bit float formats into fp16, every code exact (:func:`cvt_pair`)."""
-    return fmt.name in CVT and dtype == "float16"
+    """Whether ``dtype`` pairs of ``fmt`` come from one ``cvt.rn.f16x2.{e4m3x2,e5m2x2}`` (sm_89 and
+    newer): the 8-bit float formats, every code exact in fp16 (:func:`cvt_pair`; bf16 pairs widen
+    the fp16 pair, which bf16 holds exactly)."""
+    return fmt.name in CVT and dtype in MANT
 
 
-def cvt_pair(T, fmt: Format, dst, word: PrimExpr, half: int) -> None:  # noqa: N803
+def cvt_pair(T, fmt: Format, dst, word: PrimExpr, half: int, dtype: str = "float16") -> None:  # noqa: N803
     """Emit into the IR builder ``T`` one ``cvt.rn.f16x2`` of the two codes in 16-bit ``half`` (0 low,
-    1 high) of the uint32 ``word`` (low byte into the low half) into ``dst`` (a uint32 element): the
-    codes' true values, not :func:`decode_pair`'s ``1 / out_factor`` multiple (so its kernel's
-    out factor is 1), and e4m3's NaN codes NaN (:func:`decode_pair` decodes them as finite numbers)."""
+    1 high) of the uint32 ``word`` (low byte into the low half) into ``dst`` (a uint32 buffer
+    element): the codes' true values in ``dtype`` (bf16: the fp16 pair widened, two more ``cvt`` and a
+    ``prmt``), not :func:`decode_pair`'s ``1 / out_factor`` multiple (so its kernel's out factor is
+    1, and no :func:`bf16_fma` follows), and e4m3's NaN codes NaN (:func:`decode_pair` decodes them
+    as finite numbers)."""
     bits = tirx.Cast("uint16", word >> u32(16 * half) if half else word)
     T.evaluate(getattr(T.ptx.cvt.rn.f16x2, CVT[fmt.name])(dst, bits))
+    if dtype == "bfloat16":
+        T.buffer_store(dst.source, _half_to_bf16(dst, cuda=True), dst.indices)
 
 
 def quad_supported(fmt: Format, dtype: str) -> bool:
@@ -290,6 +325,7 @@ def fold(fmt: Format, dtype: str, true_values: bool = False) -> Fold | None:
     hi = math.floor(math.log2(_LARGEST[dtype] / top))
     lo = math.ceil(_LOWEST_QUANTUM[dtype] - math.log2(step))
     merged = dtype == "bfloat16" and bf16_fma(fmt, dtype) is not None and fmt.kind == "float"
+    merged = merged and not true_values  # (true values: no finish to merge with)
     offset = _EXP_BIAS[dtype] + (112 if merged else 0)
     lo, hi = max(lo, 1 - offset), min(hi, 2 * _EXP_BIAS[dtype] - offset)  # a normal multiplier
     c0 = hi if dtype == "float16" else min(hi, 0)

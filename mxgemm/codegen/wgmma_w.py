@@ -150,9 +150,9 @@ class Hints:
     it loads an activation or writes anything (the second kernel of a split K waits at its start); 1
     lets the next kernel in the stream start at once (``griddepcontrol.launch_dependents`` first: on a
     grid short of the SMs the kernels after it start too, each prefetching), 2 once the previous kernel
-    is done (after the wait: one kernel ahead at most); cvt: 1 (8-bit float codes into fp16,
-    :func:`~mxgemm.codegen.pairs.cvt_supported`) for each pair by one ``cvt.rn.f16x2``
-    (:func:`~mxgemm.codegen.pairs.cvt_pair`: the elements themselves, folded and brought to scale
+    is done (after the wait: one kernel ahead at most); cvt: 1 (8-bit float codes,
+    :func:`~mxgemm.codegen.pairs.cvt_supported`) for each pair by one ``cvt.rn.f16x2``, bf16 then
+    widened (:func:`~mxgemm.codegen.pairs.cvt_pair`: the elements themselves, folded and brought to scale
     accordingly; e4m3's NaN codes NaN); bk: K a ring slot holds (128, or 64: half the bytes a slot,
     so twice the slots fit, e.g. five of 8-bit codes with two warpgroups × 256 rows where two of 128
     do; a slot holds its K window's 4 scale codes a row, of which it uses the half its K is in)."""
@@ -284,7 +284,7 @@ class _Kernel:
         self.out_dtype, self.bias, self.a_dtype, self.h = out_dtype, bias, a_dtype, h
         self.w = fmt.bits  # bytes of a lane's 8 codes of a row
         self.fold = pairs.fold(fmt, a_dtype, true_values=bool(h.cvt))
-        self.fma = pairs.bf16_fma(fmt, a_dtype)
+        self.fma = None if h.cvt else pairs.bf16_fma(fmt, a_dtype)  # (cvt: true values)
         self.quads = h.lean and pairs.quad_supported(fmt, a_dtype)  # (one plane of 4-bit codes)
         self.codes_off, self.scales_off, self.slot = h.slot_bytes(fmt.bits)
         self.bk, self.steps = h.bk, h.bk // STEP  # K of a slot, scale steps of a slot
@@ -733,7 +733,9 @@ class _Kernel:
                 wd = lambda p, i, u=u, r=q % 2: tirx.BufferLoad(words, [u, r, i])  # noqa: E731
                 a = self.afr[buf, u, g, q]
                 if self.h.cvt:  # codes 2p, 2p+1 (p = 2g + q // 2): 16-bit half p % 2 of word p // 2
-                    pairs.cvt_pair(T, self.fmt, a, tirx.BufferLoad(words, [u, q % 2, g]), q // 2)
+                    pairs.cvt_pair(
+                        T, self.fmt, a, tirx.BufferLoad(words, [u, q % 2, g]), q // 2, self.a_dtype
+                    )
                 elif self.quads:
                     T.buffer_store(self.afr, quads[q % 2][2 * g + q // 2], [buf, u, g, q])
                 else:

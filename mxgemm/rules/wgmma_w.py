@@ -83,7 +83,7 @@ class WgmmaW(Rule):
             if (h.splits == 1 or _blocks(spec, h) * (h.splits // 2) < _slots(spec, h) or _evens(spec, h))
             and applies(f, spec.n, spec.k, spec.a_dtype, h) is None
         ]
-        cvt = pairs.cvt_supported(f, spec.a_dtype)  # (one cvt a pair of 8-bit float codes into fp16)
+        cvt = pairs.cvt_supported(f, spec.a_dtype)  # (one cvt a pair of 8-bit float codes)
         return cands + [dataclasses.replace(h, cvt=1) for h in cands] if cvt else cands
 
     def cost(self, spec: Any, h: Hints) -> float:
