@@ -53,7 +53,7 @@ class _NoDecode(wgmma_w._Kernel):
     def decode(self, slot, buf: int, fold: bool, steps=None, it=None) -> None:
         from mxgemm.codegen.decode import u32
 
-        steps = range(self.steps) if steps is None else steps
+        steps = self.each(steps)
         words = self.T.alloc_buffer((self.steps, 2, 2), "uint32", scope="local")
         for r, u in itertools.product(range(2), steps):
             self.lane_words(slot, self.row(r), u, words, r)
@@ -64,7 +64,7 @@ class _NoDecode(wgmma_w._Kernel):
 
 class _NoMma(wgmma_w._Kernel):
     def mma(self, slot, buf: int, steps=None, into=None, part: int = 0, fresh=None) -> None:
-        steps = range(self.steps) if steps is None else steps
+        steps = self.each(steps)
         for n_, (u, g, q) in enumerate(itertools.product(steps, range(2), range(4))):
             i = n_ % self.frag
             bits = tirx.reinterpret("float32", tirx.BufferLoad(self.afr, [buf, u, g, q]))

@@ -714,7 +714,7 @@ class _Kernel:
         rows, pairs decoded and (``fold``) multiplied by their folded block scale (ring count ``it``'s:
         :meth:`scale_words`)."""
         T = self.T
-        steps = range(self.steps) if steps is None else steps
+        steps = self.each(steps)
         words = T.alloc_buffer((self.steps, 2, 2), "uint32", scope="local")
         late = self.m_tile > BIG  # a step's words loaded just before its decode
         for r in range(2):
@@ -759,6 +759,10 @@ class _Kernel:
                 T.buffer_store(sc, tirx.BufferLoad(sc, [r]) >> (odd << u32(4)), [r])
         return sc
 
+    def each(self, steps):
+        """``steps`` (of a slot), or all of them where None."""
+        return range(self.steps) if steps is None else steps
+
     def k_iter(self, it):
         """Ring count ``it``'s K iteration, up to a multiple of 2 (``bk`` 64 asks only its parity):
         the block's K range's (split K) or, stream-K, its run's (a tile's iterations, ``k / bk``,
@@ -787,7 +791,7 @@ class _Kernel:
         overwrites: the tile's activation rows ``part * self.part`` on, :attr:`part` of them), one
         commit group."""
         T = self.T
-        steps = range(self.steps) if steps is None else steps
+        steps = self.each(steps)
         ab = {"float16": "f16", "bfloat16": "bf16"}[self.a_dtype]
         cols = self.m_tile if into is None or into is self.acc else self.part
         op = T.ptx[f"wgmma.mma_async.sync.aligned.m64n{cols}k16.f32.{ab}.{ab}"]

@@ -188,14 +188,13 @@ class WgmmaW(Rule):
             replaced(leaner, lean=2),
             *(replaced(leaner, ring=1, tma=2, prod=p) for p in PROD),
         ]
+        cands = self.candidates(spec)
         halves = (replaced(leaner, bk=BK // 2, stages=s) for s in (8, 6, 5, 4))
-        fits = lambda t: applies(formats.get(spec.fmt), spec.n, spec.k, spec.a_dtype, t) is None  # noqa: E731
-        twins += [next((t for t in halves if t is not None and fits(t)), None)]
+        twins += [next((t for t in halves if t in cands), None)]
         sk = dict(ring=1, tma=hints.tma or 2, splits=1)
         tiles = itertools.product((hints.mt, 2 * hints.mt), SK[1:])
         prod = lambda k: hints.prod if k == 1 else min(hints.prod, 1)  # noqa: E731  (a producer: sk 1)
         twins += [replaced(leaner, **sk, mt=mt, sk=k, prod=prod(k)) for mt, k in tiles]
-        cands = self.candidates(spec)
         return [t for t in dict.fromkeys(twins) if t is not None and t != hints and t in cands]
 
     def default_hints(self, spec: Any) -> Hints | None:
