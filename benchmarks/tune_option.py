@@ -4,14 +4,20 @@ log's records: per task whose record names the rule, the record's hints as they 
 one run and ``mxgemm tune --merge DIR --replace`` keeps the faster (decode + cuBLAS beside them where
 the bucket decides between it and a fused kernel; ``--option lean=2,early=1``: several at once). With
 ``--twin NAME`` instead, the record against the rule's twins of it (``Rule.twins``) that differ in that
-field (an option whose value depends on the hints, as ``mma``'s ``minb``).
+field (an option whose value depends on the hints, as ``mma``'s ``minb``). With ``--like FMT``, the
+kernel each task runs now against ``FMT``'s record for the same key (formats whose codes are laid out
+alike, as the 8-bit ones: a tile tuned for one fits the other).
 
     python benchmarks/tune_option.py DIR --option pdl=2 [--rule mma --formats mxfp4 --dtypes float16
         --m 1,4,16 --shapes 4096,4096]
     python benchmarks/tune_option.py DIR --twin minb --rule mma --m 1,4,16
+    python benchmarks/tune_option.py DIR --like mxfp8_e4m3 --formats mxfp8_e5m2,mxint8 --m 1,16,128
 """
 
 from __future__ import annotations
+
+import dataclasses
+import functools
 
 import rounds
 
@@ -43,14 +49,37 @@ def twins(task: tune.Task, field: str, rule) -> list[tuple[str, dict]]:
     return [(rule.name, h.to_dict()) for h in [recorded, *other]] if other else []
 
 
+@functools.cache
+def like(task: tune.Task, fmt: str) -> list[tuple[str, dict]]:
+    """The kernel ``task`` runs now (its record, or the fp16 record a bf16 key borrows) and ``fmt``'s
+    record's hints for the same key (``cvt`` off where the task's format takes none), where a fused
+    rule offers them and they differ (none else)."""
+    fused = [rules.get(name) for name in ("mma", "wgmma_w")]
+    mine = [(r.name, h) for r in fused if (h := tune._recorded(task, r)) is not None]  # noqa: SLF001
+    for rule in fused:
+        theirs = tune._recorded(dataclasses.replace(task, fmt=fmt), rule)  # noqa: SLF001
+        if theirs is None:
+            continue
+        offered = set(rule.candidates(task.spec()))
+        theirs = theirs if theirs in offered or not theirs.cvt else replaced(theirs, cvt=0)
+        if theirs not in offered or (rule.name, theirs) in mine:
+            return []
+        return [(name, h.to_dict()) for name, h in [*mine, (rule.name, theirs)]]
+    return []
+
+
 def main() -> None:
     ap = rounds.arguments(__doc__, "32,64,128,256", (*rounds.SHAPES, (1024, 4096)))
     how = ap.add_mutually_exclusive_group(required=True)
     how.add_argument("--option", help="NAME=VALUE[,NAME=VALUE...], fields of the rule's Hints")
     how.add_argument("--twin", help="NAME, a field of the rule's Hints its twins set")
+    how.add_argument("--like", help="FORMAT, whose records' hints to time against each task's kernel")
     ap.add_argument("--rule", default="wgmma_w")
     a = ap.parse_args()
     rule = rules.get(a.rule)
+    if a.like:
+        rounds.build(a, lambda task: like(task, a.like))
+        return
     if a.twin:
         rounds.build(a, lambda task: twins(task, a.twin, rule))
         return
