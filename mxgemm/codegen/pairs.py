@@ -20,8 +20,9 @@ two scalar ops):
 
 - float codes go to the low end of bf16's 8-bit exponent field (value times ``2**(bias - 127)``,
   subnormal codes to bf16 subnormals) and the fma multiplies by ``2**112``, to the fp16 offset: normal
-  bf16 numbers, so the fp32 accumulator never sees a subnormal product. e5m2, whose all-ones exponent
-  is inf/NaN, is decoded to fp16 and widened exactly instead (two ``cvt`` and a ``prmt``), so its
+  bf16 numbers, so the fp32 accumulator never sees a subnormal product (e4m3: one sign-replicating
+  ``prmt``, a shift and a mask a pair, :func:`_byte_pair_bf16`). e5m2, whose all-ones exponent is
+  inf/NaN, is decoded to fp16 and widened exactly instead (two ``cvt`` and a ``prmt``), so its
   specials stay inf/NaN;
 - integer codes of up to 7 bits: the magic number 128.0 (7 mantissa bits), subtracted by the fma;
   8-bit codes, one bit too many for it: the low 7 bits in the magic number's mantissa (``128 + lo``)
