@@ -20,10 +20,10 @@ two scalar ops):
 
 - float codes go to the low end of bf16's 8-bit exponent field (value times ``2**(bias - 127)``,
   subnormal codes to bf16 subnormals) and the fma multiplies by ``2**112``, to the fp16 offset: normal
-  bf16 numbers, so the fp32 accumulator never sees a subnormal product (e4m3: one sign-replicating
-  ``prmt``, a shift and a mask a pair, :func:`_byte_pair_bf16`). e5m2, whose all-ones exponent is
-  inf/NaN, is decoded to fp16 and widened exactly instead (two ``cvt`` and a ``prmt``), so its
-  specials stay inf/NaN;
+  bf16 numbers, so the fp32 accumulator never sees a subnormal product (e2m1 and e4m3: one
+  sign-replicating ``prmt``, a shift and a mask a pair, :func:`_sign_pair_bf16`). e5m2, whose
+  all-ones exponent is inf/NaN, is decoded to fp16 and widened exactly instead (two ``cvt`` and a
+  ``prmt``), so its specials stay inf/NaN;
 - integer codes of up to 7 bits: the magic number 128.0 (7 mantissa bits), subtracted by the fma;
   8-bit codes, one bit too many for it: the low 7 bits in the magic number's mantissa (``128 + lo``)
   and the sign bit left at bit 7 of the word, where the fma's addend takes it from: ``-128`` or, with
@@ -131,8 +131,8 @@ def decode_pair(
     bf16 = dtype == "bfloat16"
     if bf16 and fmt.specials == "ieee":
         return _half_to_bf16(decode_pair(fmt, word, pair, cuda, left), cuda)
-    if bf16 and fmt.kind == "float" and fmt.bits == 8:
-        return _byte_pair_bf16(fmt, word(0, pair // 2), 2 * (pair % 2), cuda)
+    if bf16 and fmt.kind == "float" and fmt.bits in (4, 8):
+        return _sign_pair_bf16(fmt, word, pair, cuda)
     mant = MANT[dtype]
     terms: list[PrimExpr] = []
     off = 0
@@ -170,15 +170,22 @@ def decode_pair(
     return tirx.reinterpret(U32, tirx.reinterpret(f"{dtype}x2", biased) - magic)
 
 
-def _byte_pair_bf16(fmt: Format, word: PrimExpr, byte: int, cuda: bool) -> PrimExpr:
-    """:func:`decode_pair`'s bf16 pair of the 8-bit float codes in bytes ``byte`` and ``byte + 1`` of
-    ``word`` in 3 integer ops: one ``prmt`` puts each code in its half's low byte and its sign in all
-    of the high byte, a shift moves the exponent and mantissa to the low end of bf16's exponent field
-    (and a sign copy to bit 15), a mask keeps those."""
+def _sign_pair_bf16(fmt: Format, word: Callable[[int, int], PrimExpr], pair: int, cuda: bool) -> PrimExpr:
+    """:func:`decode_pair`'s bf16 pair of one-plane float codes of 4 or 8 bits (``word`` and ``pair``
+    as there) in 3 integer ops: one ``prmt`` puts each code in the top bits of its half's low byte and
+    its sign in all of the high byte (in its sign-replicating mode; a 4-bit pair is one byte's two
+    codes: the low one taken from the word moved up a nibble, one shift a word), a shift moves the
+    exponent and mantissa to the low end of bf16's exponent field (and a sign copy to bit 15), a mask
+    keeps those."""
     dest = MANT["bfloat16"] - fmt.mbits  # the field's lowest bit
-    sel = byte | (8 | byte) << 4 | (byte + 1) << 8 | (8 | byte + 1) << 12
     field = (2 ** (fmt.bits - 1) - 1) << dest
-    return (prmt(word, word, sel, cuda) << u32(dest)) & _rep(0x8000 | field)
+    if fmt.bits == 8:  # codes 2p, 2p + 1: bytes 2 (p % 2) and the next of word p // 2
+        w, byte = word(0, pair // 2), 2 * (pair % 2)
+        sel = byte | (8 | byte) << 4 | (byte + 1) << 8 | (8 | byte + 1) << 12
+        return (prmt(w, w, sel, cuda) << u32(dest)) & _rep(0x8000 | field)
+    w = word(0, 0)  # codes 2p, 2p + 1: the low and high nibble of byte p
+    sel = pair | (8 | pair) << 4 | (4 + pair) << 8 | (12 + pair) << 12
+    return (prmt(w << u32(4), w, sel, cuda) << u32(dest - 4)) & _rep(0x8000 | field)
 
 
 CVT = {"mxfp8_e4m3": "e4m3x2", "mxfp8_e5m2": "e5m2x2"}  # PTX's packed fp8 pair of each format
