@@ -138,9 +138,9 @@ def test_cvt_converts_each_pair_once(tmp_path, fmt, dtype):
 
 
 @pytest.mark.nvcc
-def test_quad_issues_fewer_integer_ops(tmp_path):
-    """The one-row ring kernel's PTX: the same byte permutes (one a pair) and fewer shifts and logic
-    ops (a word's sign and field bytes made four codes at once, instead of two a pair)."""
+def test_quad_and_the_plain_decode_issue_the_same_ops(tmp_path):
+    """The one-row ring kernel's PTX: fp4 pairs are one sign-replicating byte permute, a shift and a
+    mask each, with ``quad`` or without it (the four-at-once decode ``quad`` named took more time)."""
 
     def integer_ops(hints):
         text = _ptx(tmp_path, "mxfp4", hints)
@@ -148,9 +148,7 @@ def test_quad_issues_fewer_integer_ops(tmp_path):
         return ops, len(re.findall(r"^\s*prmt\.", text, re.M))
 
     quad = CASES[0][0]
-    plain = integer_ops(dataclasses.replace(quad, quad=0).to_dict())
-    ops, prmts = integer_ops(quad.to_dict())
-    assert prmts == plain[1] and ops < plain[0], (ops, prmts, plain)
+    assert integer_ops(quad.to_dict()) == integer_ops(dataclasses.replace(quad, quad=0).to_dict())
 
 
 # ---- on a Hopper GPU -------------------------------------------------------------------------------

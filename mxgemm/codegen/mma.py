@@ -105,8 +105,8 @@ class Hints:
     threads)), so a grid a little over what fits an SM's registers runs as one wave instead of a full
     wave and a thin tail (:func:`mxgemm.rules.mma.one_wave`); quad: 1 (fp4 codes into fp16, where
     :func:`~mxgemm.codegen.pairs.quad_supported`) for a word's four pairs decoded at once
-    (:func:`~mxgemm.codegen.pairs.decode_quad`: the same bits in fewer shifts and masks; the decode
-    is most of what the small-M kernel issues), ``shl`` then moot; cvt: 1 (8-bit float codes,
+    (:func:`~mxgemm.codegen.pairs.decode_quad`: now the same pairs as the plain decode, kept for the
+    records that name it), ``shl`` then moot; cvt: 1 (8-bit float codes,
     :func:`~mxgemm.codegen.pairs.cvt_supported`, no ``fold``) for each pair by one
     ``cvt.rn.f16x2`` of the two codes (:func:`~mxgemm.codegen.pairs.cvt_pair`; bf16: then widened,
     two ``cvt`` and a ``prmt``) instead of a byte permute and shifts and masks: the same products,

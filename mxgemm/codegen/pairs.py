@@ -21,7 +21,7 @@ two scalar ops):
 - float codes go to the low end of bf16's 8-bit exponent field (value times ``2**(bias - 127)``,
   subnormal codes to bf16 subnormals) and the fma multiplies by ``2**112``, to the fp16 offset: normal
   bf16 numbers, so the fp32 accumulator never sees a subnormal product (e2m1 and e4m3: one
-  sign-replicating ``prmt``, a shift and a mask a pair, :func:`_sign_pair_bf16`). e5m2, whose
+  sign-replicating ``prmt``, a shift and a mask a pair, :func:`_sign_pair`). e5m2, whose
   all-ones exponent is inf/NaN, is decoded to fp16 and widened exactly instead (two ``cvt`` and a
   ``prmt``), so its specials stay inf/NaN;
 - integer codes of up to 7 bits: the magic number 128.0 (7 mantissa bits), subtracted by the fma;
@@ -131,8 +131,8 @@ def decode_pair(
     bf16 = dtype == "bfloat16"
     if bf16 and fmt.specials == "ieee":
         return _half_to_bf16(decode_pair(fmt, word, pair, cuda, left), cuda)
-    if bf16 and fmt.kind == "float" and fmt.bits in (4, 8):
-        return _sign_pair_bf16(fmt, word, pair, cuda)
+    if fmt.kind == "float" and fmt.bits in (4, 8) and fmt.specials != "ieee":
+        return _sign_pair(fmt, word, pair, cuda, dtype)
     mant = MANT[dtype]
     terms: list[PrimExpr] = []
     off = 0
@@ -170,14 +170,16 @@ def decode_pair(
     return tirx.reinterpret(U32, tirx.reinterpret(f"{dtype}x2", biased) - magic)
 
 
-def _sign_pair_bf16(fmt: Format, word: Callable[[int, int], PrimExpr], pair: int, cuda: bool) -> PrimExpr:
-    """:func:`decode_pair`'s bf16 pair of one-plane float codes of 4 or 8 bits (``word`` and ``pair``
-    as there) in 3 integer ops: one ``prmt`` puts each code in the top bits of its half's low byte and
-    its sign in all of the high byte (in its sign-replicating mode; a 4-bit pair is one byte's two
-    codes: the low one taken from the word moved up a nibble, one shift a word), a shift moves the
-    exponent and mantissa to the low end of bf16's exponent field (and a sign copy to bit 15), a mask
-    keeps those."""
-    dest = MANT["bfloat16"] - fmt.mbits  # the field's lowest bit
+def _sign_pair(
+    fmt: Format, word: Callable[[int, int], PrimExpr], pair: int, cuda: bool, dtype: str
+) -> PrimExpr:
+    """:func:`decode_pair`'s ``dtype`` pair of one-plane float codes of 4 or 8 bits (``word`` and
+    ``pair`` as there) in 3 integer ops: one ``prmt`` puts each code in the top bits of its half's low
+    byte and its sign in all of the high byte (in its sign-replicating mode; a 4-bit pair is one
+    byte's two codes: the low one taken from the word moved up a nibble, one shift a word), a shift
+    moves the exponent and mantissa to the low end of the dtype's exponent field (and a sign copy to
+    bit 15), a mask keeps those."""
+    dest = MANT[dtype] - fmt.mbits  # the field's lowest bit
     field = (2 ** (fmt.bits - 1) - 1) << dest
     if fmt.bits == 8:  # codes 2p, 2p + 1: bytes 2 (p % 2) and the next of word p // 2
         w, byte = word(0, pair // 2), 2 * (pair % 2)
@@ -219,18 +221,9 @@ def quad_supported(fmt: Format, dtype: str) -> bool:
 
 def decode_quad(fmt: Format, word: PrimExpr, cuda: bool = True) -> list[PrimExpr]:
     """The 4 fp16 pairs of a uint32 ``word`` of 8 codes of ``fmt`` (:func:`quad_supported`; pair
-    ``p``: the codes of byte ``p``, low nibble first), the bits :func:`decode_pair` gives, in ~3
-    integer ops a pair instead of ~4: the 8 codes' high bytes are made byte-wise, four at once (the
-    sign kept at bit 7, the field moved to its place; the low nibbles first moved up 4 bits), and
-    one ``prmt`` a pair takes a code's high byte for each half and a zeroed byte for each low byte."""
-    dest = MANT["float16"] - fmt.mbits - 8  # the field's lowest bit in the high byte
-    field = (2 ** (fmt.bits - 1) - 1) << dest
-    rep = lambda b: u32(b * 0x01010101)  # noqa: E731  (a byte in every byte lane)
-    high = lambda v: (v & rep(0x80)) | (_shift(v, dest - 4) & rep(field))  # noqa: E731
-    hi, lo = high(word), high(word << u32(4))  # the high nibbles' bytes, the low ones'
-    lo_z, hi_z = lo & u32(0x00FFFFFF), hi & u32(0xFFFFFF00)  # byte 3 / byte 0 zeroed
-    out = [prmt(lo_z, hi, 3 | p << 4 | 3 << 8 | (4 + p) << 12, cuda) for p in range(3)]
-    return [*out, prmt(hi_z, lo, 0x3070, cuda)]
+    ``p``: the codes of byte ``p``, low nibble first): :func:`decode_pair`'s, 3 integer ops a pair
+    (:func:`_sign_pair`; the byte-wise four-at-once decode this once was took more time)."""
+    return [_sign_pair(fmt, lambda p, i: word, pair, cuda, "float16") for pair in range(4)]
 
 
 @dataclass(frozen=True)
