@@ -6,12 +6,15 @@ the bucket decides between it and a fused kernel; ``--option lean=2,early=1``: s
 ``--twin NAME`` instead, the record against the rule's twins of it (``Rule.twins``) that differ in that
 field (an option whose value depends on the hints, as ``mma``'s ``minb``). With ``--like FMT``, the
 kernel each task runs now against ``FMT``'s record for the same key (formats whose codes are laid out
-alike, as the 8-bit ones: a tile tuned for one fits the other).
+alike, as the 8-bit ones: a tile tuned for one fits the other). With ``--near``, the record against
+every candidate of its rule one field away from it (a local search after a change to the kernels
+themselves, as a faster decode, that may move the best hints a step).
 
     python benchmarks/tune_option.py DIR --option pdl=2 [--rule mma --formats mxfp4 --dtypes float16
         --m 1,4,16 --shapes 4096,4096]
     python benchmarks/tune_option.py DIR --twin minb --rule mma --m 1,4,16
     python benchmarks/tune_option.py DIR --like mxfp8_e4m3 --formats mxfp8_e5m2,mxint8 --m 1,16,128
+    python benchmarks/tune_option.py DIR --near --dtypes float16 --m 32,64,128
 """
 
 from __future__ import annotations
@@ -68,17 +71,37 @@ def like(task: tune.Task, fmt: str) -> list[tuple[str, dict]]:
     return []
 
 
+def near(task: tune.Task) -> list[tuple[str, dict]]:
+    """The log's record of a fused rule for ``task`` and the rule's candidates that differ from it in
+    one field (none where the record is decode + cuBLAS or there is none)."""
+    for rule in (rules.get("mma"), rules.get("wgmma_w")):
+        recorded = tune._recorded(task, rule)  # noqa: SLF001
+        if recorded is None:
+            continue
+        fields = [f.name for f in dataclasses.fields(recorded)]
+        steps = [
+            h for h in rule.candidates(task.spec())
+            if sum(getattr(h, f) != getattr(recorded, f) for f in fields) == 1
+        ]  # fmt: skip
+        return [(rule.name, h.to_dict()) for h in [recorded, *steps]]
+    return []
+
+
 def main() -> None:
     ap = rounds.arguments(__doc__, "32,64,128,256", (*rounds.SHAPES, (1024, 4096)))
     how = ap.add_mutually_exclusive_group(required=True)
     how.add_argument("--option", help="NAME=VALUE[,NAME=VALUE...], fields of the rule's Hints")
     how.add_argument("--twin", help="NAME, a field of the rule's Hints its twins set")
     how.add_argument("--like", help="FORMAT, whose records' hints to time against each task's kernel")
+    how.add_argument("--near", action="store_true", help="the record and its rule's candidates a field away")
     ap.add_argument("--rule", default="wgmma_w")
     a = ap.parse_args()
     rule = rules.get(a.rule)
     if a.like:
         rounds.build(a, lambda task: like(task, a.like))
+        return
+    if a.near:
+        rounds.build(a, near)
         return
     if a.twin:
         rounds.build(a, lambda task: twins(task, a.twin, rule))

@@ -1,7 +1,7 @@
 """Build the CUDA kernels of the GPU tests here (no GPU needed) into $MXGEMM_CACHE_DIR, so a GPU box with
 only the TVM runtime can run them: ``MXGEMM_CACHE_DIR=DIR python -m tests.prebuild_gpu sm_90 [JOBS [SETS]]``
-with SETS a comma list of linear, ops, rules, xs, fold, act, module, minilm, wgmma, split, decode
-(default: all; xs and fold are part of rules; wgmma and decode: sm_90 only)."""
+with SETS a comma list of linear, ops, rules, xs, fold, act, module, minilm, wgmma, split, decode,
+frag (default: all; xs and fold are part of rules; wgmma, decode and frag: sm_90 only)."""
 
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -152,6 +152,13 @@ def decode_cases(arch):
     yield from (test_mma_decode.PREBUILD if arch == "sm_90" else ())
 
 
+def frag_cases(arch):
+    """tests.test_mma_frag's GPU tests: the mma kernels reading codes in fragment order (Hopper only)."""
+    from tests import test_mma_frag
+
+    yield from (dict(mma_frag=args) for args in (test_mma_frag.PREBUILD if arch == "sm_90" else ()))
+
+
 def ops_cases(arch):
     """tests.test_ops's GPU dispatch test: its layers at its M."""
     from tests.test_ops import GPU_CASES, GPU_M, K, N
@@ -185,6 +192,7 @@ SETS = {
     "wgmma": wgmma_cases,
     "split": split_cases,
     "decode": decode_cases,
+    "frag": frag_cases,
 }
 
 
@@ -204,6 +212,11 @@ def _build(kw):
 
         wgmma_w.compiled(*kw["wgmma_w"])
         return f"wgmma_w {kw['wgmma_w'][:5]}"
+    if "mma_frag" in kw:
+        from tests import test_mma_frag
+
+        test_mma_frag.compiled(*kw["mma_frag"])
+        return f"mma_frag {kw['mma_frag'][:2]}"
     return repr(mxgemm.build(**kw))
 
 

@@ -134,8 +134,8 @@ class Hints:
     2 (``wg`` 1 or 2), the first warp of one more warpgroup, the producer, which runs ahead of the
     others by as many slots as are free; lean: 1 to make each wgmma's descriptor by one add to the
     slot's, each fold multiplier by a byte permute and a multiply-add, and (fp4 into fp16) a lane's
-    4 pairs of a step at once (:func:`~mxgemm.codegen.pairs.decode_quad`): the same bits in fewer
-    instructions a K iteration; 2, that and the outputs brought to scale by one multiply a row's
+    4 pairs of a step from one word (:func:`~mxgemm.codegen.pairs.decode_quad`: the plain decode's
+    pairs): fewer instructions a K iteration; 2, that and the outputs brought to scale by one multiply a row's
     output instead of ``ldexpf`` where the exponents allow (:meth:`_Kernel._store`); cluster: 1 to
     add a split K's partial sums in distributed shared memory across a cluster of the splits' blocks
     instead of a workspace and a second kernel (``splits`` > 1); early: 1 to issue the ring's first
