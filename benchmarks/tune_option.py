@@ -8,13 +8,16 @@ field (an option whose value depends on the hints, as ``mma``'s ``minb``). With 
 kernel each task runs now against ``FMT``'s record for the same key (formats whose codes are laid out
 alike, as the 8-bit ones: a tile tuned for one fits the other). With ``--near``, the record against
 every candidate of its rule one field away from it (a local search after a change to the kernels
-themselves, as a faster decode, that may move the best hints a step).
+themselves, as a faster decode, that may move the best hints a step). With ``--adjacent``, the record
+against the records of the M buckets just below and above it (a tile tuned for 64 rows, two tiles at
+128; hints the tuner's sample may have missed).
 
     python benchmarks/tune_option.py DIR --option pdl=2 [--rule mma --formats mxfp4 --dtypes float16
         --m 1,4,16 --shapes 4096,4096]
     python benchmarks/tune_option.py DIR --twin minb --rule mma --m 1,4,16
     python benchmarks/tune_option.py DIR --like mxfp8_e4m3 --formats mxfp8_e5m2,mxint8 --m 1,16,128
     python benchmarks/tune_option.py DIR --near --dtypes float16 --m 32,64,128
+    python benchmarks/tune_option.py DIR --adjacent --m 32,64,128,256
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import functools
 import rounds
 
 from mxgemm import rules, tune
+from mxgemm.codegen import build as builder
 from mxgemm.rules.base import replaced
 
 
@@ -87,6 +91,21 @@ def near(task: tune.Task) -> list[tuple[str, dict]]:
     return []
 
 
+def adjacent(task: tune.Task) -> list[tuple[str, dict]]:
+    """The kernel ``task`` runs now (its fused record) and the fused records of the M buckets beside
+    its own, where its rule offers them for ``task`` (none where none differs)."""
+    fused = [rules.get(name) for name in ("mma", "wgmma_w")]
+    mine = [(r.name, h) for r in fused if (h := tune._recorded(task, r)) is not None]  # noqa: SLF001
+    at = builder.M_BUCKETS.index(task.m_bucket)
+    out = list(mine)
+    for b in builder.M_BUCKETS[max(at - 1, 0) : at + 2 : 2]:
+        for rule in fused:
+            h = tune._recorded(dataclasses.replace(task, m_bucket=b), rule) if b else None  # noqa: SLF001
+            if h is not None and (rule.name, h) not in out and h in set(rule.candidates(task.spec())):
+                out.append((rule.name, h))
+    return [(name, h.to_dict()) for name, h in out] if len(out) > len(mine) and mine else []
+
+
 def main() -> None:
     ap = rounds.arguments(__doc__, "32,64,128,256", (*rounds.SHAPES, (1024, 4096)))
     how = ap.add_mutually_exclusive_group(required=True)
@@ -94,6 +113,9 @@ def main() -> None:
     how.add_argument("--twin", help="NAME, a field of the rule's Hints its twins set")
     how.add_argument("--like", help="FORMAT, whose records' hints to time against each task's kernel")
     how.add_argument("--near", action="store_true", help="the record and its rule's candidates a field away")
+    how.add_argument(
+        "--adjacent", action="store_true", help="the record and the records of the buckets beside"
+    )
     ap.add_argument("--rule", default="wgmma_w")
     a = ap.parse_args()
     rule = rules.get(a.rule)
@@ -102,6 +124,9 @@ def main() -> None:
         return
     if a.near:
         rounds.build(a, near)
+        return
+    if a.adjacent:
+        rounds.build(a, adjacent)
         return
     if a.twin:
         rounds.build(a, lambda task: twins(task, a.twin, rule))
