@@ -298,9 +298,9 @@ def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
     # the producer warpgroup gives its registers to the others (two: 232 a thread) and waits for nothing
     # but empty slots
     assert ("setmaxnreg" in src) == (hints.prod == 2 and hints.wg == 2)
-    # lean: fp4 into fp16 pairs decoded 4 at once (their signs masked byte-wise, 0x80808080)
-    quads = hints.lean and fmt == "mxfp4" and dtype == "float16"
-    assert ("(uint)2155905152" in src) == quads
+    # e2m1 and e4m3 codes (not by ``cvt``) into either dtype: pairs by the sign-replicating prmt
+    signs = fmt in ("mxfp4", "mxfp8_e4m3") and not hints.cvt
+    assert ("mxgemm_prmt(" in src) == signs
     # early (and stream-K): the ring's first copies issued before the scan of the scale codes (its
     # byte-wise maxima)
     body = src[src.index("main_kernel(") :]
