@@ -96,14 +96,17 @@ def adjacent(task: tune.Task) -> list[tuple[str, dict]]:
     its own, where its rule offers them for ``task`` (none where none differs)."""
     fused = [rules.get(name) for name in ("mma", "wgmma_w")]
     mine = [(r.name, h) for r in fused if (h := tune._recorded(task, r)) is not None]  # noqa: SLF001
-    at = builder.M_BUCKETS.index(task.m_bucket)
+    if not mine:
+        return []
+    buckets, at = builder.M_BUCKETS, builder.M_BUCKETS.index(task.m_bucket)
+    beside = [b for b in (buckets[at - 1] if at else None, *buckets[at + 1 : at + 2]) if b is not None]
     out = list(mine)
-    for b in builder.M_BUCKETS[max(at - 1, 0) : at + 2 : 2]:
-        for rule in fused:
-            h = tune._recorded(dataclasses.replace(task, m_bucket=b), rule) if b else None  # noqa: SLF001
-            if h is not None and (rule.name, h) not in out and h in set(rule.candidates(task.spec())):
-                out.append((rule.name, h))
-    return [(name, h.to_dict()) for name, h in out] if len(out) > len(mine) and mine else []
+    for rule in fused:
+        theirs = [tune._recorded(dataclasses.replace(task, m_bucket=b), rule) for b in beside]  # noqa: SLF001
+        theirs = [h for h in theirs if h is not None and (rule.name, h) not in out]
+        offered = set(rule.candidates(task.spec())) if theirs else set()
+        out += [(rule.name, h) for h in dict.fromkeys(theirs) if h in offered]
+    return [(name, h.to_dict()) for name, h in out] if len(out) > len(mine) else []
 
 
 def main() -> None:
