@@ -5,7 +5,9 @@ A pair's two codes are moved to the same offset of the two 16-bit halves of a wo
 so every shift and mask decodes both (the SIMD-within-a-register trick of FasterTransformer and Marlin).
 Float codes: sign to bit 15, exponent and mantissa to the low end of the fp16 exponent field and the
 top of its mantissa, which is the value times ``2**(bias - 15)`` (subnormals map to fp16 subnormals,
-ebits ≤ 5 and mbits ≤ 10 for every format); :func:`out_factor` undoes it once per output. Integer
+ebits ≤ 5 and mbits ≤ 10 for every format; e2m1 and e4m3, in either dtype: one sign-replicating
+``prmt``, a shift and a mask a pair, :func:`_sign_pair`); :func:`out_factor` undoes it once per
+output. Integer
 codes: ``code ^ 2**(bits-1)`` in the mantissa of 1024.0 is ``1024 + 2**(bits-1) + q``; one exact
 half2 subtraction gives ``q``, and :func:`out_factor` applies ``2**-(bits-2)``.
 
@@ -214,8 +216,8 @@ def cvt_pair(T, fmt: Format, dst, word: PrimExpr, half: int, dtype: str = "float
 
 
 def quad_supported(fmt: Format, dtype: str) -> bool:
-    """Whether :func:`decode_quad` serves ``fmt`` in ``dtype``: 4-bit float codes into fp16, where a
-    code's sign and exponent-mantissa field land in its half's high byte."""
+    """Whether :func:`decode_quad` serves ``fmt`` in ``dtype``: 4-bit float codes (a word's 8 codes,
+    its 4 pairs) into fp16."""
     return fmt.kind == "float" and fmt.bits == 4 and dtype == "float16" and supported(fmt, dtype)
 
 
