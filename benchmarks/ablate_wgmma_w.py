@@ -13,6 +13,8 @@ Variants (text edits of the generated CUDA source of the folded K loop, before n
 - ``ringonly``: ``nothing`` and ``noact``, and no shared-memory reads either;
 - ``pingpong``: the two compute warpgroups issue their wgmmas in turns (named barriers 1 and 2),
   so that one decodes while the other's wgmmas run; the same bits;
+- ``trace``, ``trace_pingpong``: ``v0`` or ``pingpong`` timing its loop's phases (:func:`trace`;
+  prints);
 - ``latewait``: each slot's decode into spare registers before the wait for the wgmmas that read the
   fragment set it refills (two groups in flight, not one). ptxas coalesces the spare registers with the
   fragments and moves the writes before the wait: not a valid kernel (wrong bits), timing only.
@@ -158,6 +160,51 @@ def latewait(c: str) -> str:
     return out.replace("alignas(64) uint _ptr_11[64];", "alignas(64) uint _ptr_11[64];\n  uint _pt[64];", 1)
 
 
+PHASES = ("full", "decode", "turn", "issue", "wgwait", "other")
+
+
+def trace(c: str) -> str:
+    """``v0`` with ``%clock64`` read around each phase of the folded loop (waiting for a slot to fill,
+    loading and decoding it, issuing its wgmmas, waiting for the earlier group, the rest), summed per
+    thread; lane 0 of each warp of blocks (0, 0) and (0, 100) prints its sums (cycles) at the end."""
+    lines, i0, i1 = _loop(c)
+    clk = 'asm volatile("mov.u64 %0, %%clock64;" : "=l"(_tc));'
+
+    def mark(ind: str, phase: str | None) -> str:
+        add = f"_t[{PHASES.index(phase)}] += _tc - _tl; " if phase else ""
+        return ind + "{ long long _tc; " + clk + " " + add + "_tl = _tc; }"
+
+    body = []
+    for ln in lines[i0 + 1 : i1]:
+        s_, ind = ln.strip(), _indent(ln)
+        if s_.startswith("tvm_builtin_cuda_mbarrier_wait("):
+            body += [mark(ind, "other"), ln, mark(ind, "full")]
+            continue
+        if s_.startswith('asm volatile("bar.sync %0, 256;"'):  # (pingpong's turn)
+            body += [mark(ind, "decode"), ln, mark(ind, "turn")]
+            continue
+        if s_ == FENCE:
+            body.append(mark(ind, "decode"))
+        body.append(ln)
+        if s_ == COMMIT:
+            body.append(mark(ind, "issue"))
+        if s_ == WAIT1:
+            body.append(mark(ind, "wgwait"))
+    ind = _indent(lines[i0])
+    head = [
+        ind + "long long _t[5] = {0, 0, 0, 0, 0}; long long _tl; { long long _tc; " + clk + " _tl = _tc; }"
+    ]
+    fmt = " ".join(f"{p} %lld" for p in PHASES)
+    tail = [
+        ind
+        + "if ((((int)threadIdx.x) % 32) == 0 && blockIdx.x == 0 && (blockIdx.y == 0 || blockIdx.y == 100)) "
+        f'printf("trace block %d warp %d {fmt}\\n", (int)blockIdx.y, (int)threadIdx.x / 32, '
+        + ", ".join(f"_t[{i}]" for i in range(len(PHASES)))
+        + ");"
+    ]
+    return "\n".join(lines[:i0] + head + [lines[i0]] + body + lines[i1 : i1 + 1] + tail + lines[i1 + 1 :])
+
+
 VARIANTS = {  # name -> (CUDA source, hints) -> CUDA source
     "v0": lambda c, h: c,
     "nodecode": lambda c, h: nodecode(c),
@@ -168,6 +215,8 @@ VARIANTS = {  # name -> (CUDA source, hints) -> CUDA source
     "ringonly": ringonly,
     "pingpong": lambda c, h: pingpong(c),
     "latewait": lambda c, h: latewait(c),
+    "trace": lambda c, h: trace(c),
+    "trace_pingpong": lambda c, h: trace(pingpong(c)),
 }
 SAME_BITS = ("v0", "pingpong")
 
