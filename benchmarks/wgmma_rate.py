@@ -10,7 +10,14 @@ SS, A) are shared tiles the descriptors read.
 - ``busy[_ss]_n{N}_a{alu}[_int|_f16]``: warpgroup 0 issues ``rate_n{N}_d2_w1``'s wgmmas (``_ss``: A from
   shared memory too) and counts its cycles while ``alu`` more warpgroups run a loop of the decode's
   ops until it is done: ``prmt``, shift, mask and an ``f16x2`` multiply a register (``_int``: the
-  integer ops alone; ``_f16``: three ``f16x2`` multiplies).
+  integer ops alone; ``_f16``: three ``f16x2`` multiplies; ``_prmt``, ``_lop``, ``_shf``: byte moves,
+  masks or shifts; ``_cvt``: ``cvt.rn.f16x2.e4m3x2``; ``_dnow``: a word's 4 fp16 pairs of e2m1 codes
+  as ``pairs._sign_pair`` decodes them, a sign-replicating ``prmt``, a shift and a mask a pair;
+  ``_dnew``: the same pairs with the shifts taken out of the pairs, three a word: the word shifted
+  left 4 and 1 merged by one ``lop3`` (each low code's sign to bit 7 of its byte, its exponent and
+  mantissa to bits 1-3), the word and itself shifted right 3 likewise for the high codes, then a
+  ``prmt`` (the two codes' bytes to the halves' high bytes) and a mask a pair). The busy warps' loop
+  trips a kilocycle come with the rows (block 0's thread 128).
 
 Build here (nvcc), run on the GPU (torch and the CUDA driver through ctypes; no TVM)::
 
@@ -89,6 +96,15 @@ ALU_OPS = {  # the busy warpgroups' loop body, per register: the decode's ops, o
     "": "y = __byte_perm(x[i] << 4, x[i], 0xc480 + r); y = (y << 5) & 0x8e008e00u; HMUL",
     "_int": "y = __byte_perm(x[i] << 4, x[i], 0xc480 + r); y = (y << 5) & 0x8e008e00u;",
     "_f16": "y = x[i]; HMUL HMUL HMUL",
+    "_prmt": "y = __byte_perm(x[i], x[i] >> 1, 0xc480 + r); y = __byte_perm(y, x[i], 0x3210 + r);",
+    "_lop": "y = (x[i] & 0x8e008e00u) | r; y = (y ^ 0x12345678u) & x[i];",
+    "_shf": "y = (x[i] << 5) + (x[i] >> 3); y = (y << 2) + (y >> 7);",
+    "_dnow": "unsigned a = x[i] << 4; y = 0; PAIRS_NOW",
+    "_dnew": "unsigned a = x[i] << 4, b = x[i] << 1, c = x[i] >> 3; "
+    "unsigned u = (a & 0x80808080u) | (b & 0x7f7f7f7fu), t = (x[i] & 0x80808080u) | (c & 0x7f7f7f7fu); "
+    "y = 0; PAIRS_NEW",
+    "_cvt": 'asm volatile("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2.e4m3x2 %0, lo; }" '
+    ': "=r"(y) : "r"(x[i]));',
 }
 
 
@@ -103,7 +119,21 @@ def source_alu(n: int, alu_wgs: int, ss: bool = False, ops: str = "") -> str:
     prologue = body[: body.index("  for (int g = 0;")]
     bounds = f"__launch_bounds__({128 * (1 + alu_wgs)}, 1)"
     hmul = 'asm volatile("mul.rn.f16x2 %0, %0, %1;" : "+r"(y) : "r"(h));'
-    body_ops = ALU_OPS[ops].replace("HMUL", hmul)
+    # a word's 4 fp16 pairs of e2m1 codes: as `pairs._sign_pair` decodes them (a sign-replicating prmt,
+    # a shift, a mask), and by byte moves alone once a word's three shifted copies are merged
+    srep = 'asm("prmt.b32 %0, %1, %2, %3;" : "=r"(z) : "r"(a), "r"(x[i]), "r"({sel}));'
+    now = [srep.format(sel=p | (8 | p) << 4 | (4 + p) << 8 | (12 + p) << 12) for p in range(4)]
+    pairs_now = " ".join(
+        f"{{ unsigned z; {c} z = (z << 5) & 0x8e008e00u; {hmul.replace('(y)', '(z)')} y ^= z; }}" for c in now
+    )
+    mul_z = hmul.replace("(y)", "(z)")
+    pairs_new = " ".join(
+        f"{{ unsigned z = __byte_perm(u, t, {p << 4 | (4 + p) << 12}) & 0x8e008e00u; {mul_z} y ^= z; }}"
+        for p in range(4)
+    )
+    body_ops = (
+        ALU_OPS[ops].replace("HMUL", hmul).replace("PAIRS_NOW", pairs_now).replace("PAIRS_NEW", pairs_new)
+    )
     return f"""
 extern "C" __global__ void {bounds} busy{"_ss" if ss else ""}_n{n}_a{alu_wgs}{ops}(float *out, int groups) {{
   __shared__ volatile int done;
@@ -122,7 +152,9 @@ extern "C" __global__ void {bounds} busy{"_ss" if ss else ""}_n{n}_a{alu_wgs}{op
     unsigned x[16];
     for (int i = 0; i < 16; ++i) x[i] = threadIdx.x * (i + 1);
     unsigned h = 0x3c003c00u;
+    long long it = 0;
     while (!done) {{
+      ++it;
       #pragma unroll
       for (int r = 0; r < 8; ++r) {{
         #pragma unroll
@@ -136,6 +168,7 @@ extern "C" __global__ void {bounds} busy{"_ss" if ss else ""}_n{n}_a{alu_wgs}{op
     unsigned t = 0;
     for (int i = 0; i < 16; ++i) t ^= x[i];
     if (t == 0x12345678u) out[0] = 0.f;  // (keeps the loop)
+    out[gridDim.x + blockIdx.x * blockDim.x + threadIdx.x] = (float)it;
   }}
 }}
 """
@@ -149,6 +182,10 @@ def build(out: Path) -> None:
     code += "\n".join(
         source_alu(64, a, ss, ops) for a in (1, 2) for ss in (False, True) for ops in ("_int", "_f16")
     )
+    code += "\n".join(
+        source_alu(64, a, False, ops) for a in (1, 2) for ops in ("_prmt", "_lop", "_shf", "_cvt")
+    )
+    code += "\n".join(source_alu(64, a, False, ops) for a in (0, 1, 2) for ops in ("_dnow", "_dnew"))
     (out / "rate.cu").write_text(code)
     cmd = ["nvcc", "-cubin", "-O3", "-arch=sm_90a", "-o", str(out / "rate.cubin"), str(out / "rate.cu")]
     subprocess.run(cmd, check=True)
@@ -161,6 +198,8 @@ def run_busy(cuda, mod, sms: int, stream, groups: int, only: str) -> None:
     clock = torch.cuda.clock_rate() * 1e6 if hasattr(torch.cuda, "clock_rate") else 1.98e9
     cases = [(*c, "") for c in itertools.product((64, 128, 256), (0, 1, 2), ("", "_ss"))]
     cases += [(64, *c) for c in itertools.product((1, 2), ("", "_ss"), ("_int", "_f16"))]
+    cases += [(64, *c) for c in itertools.product((1, 2), ("",), ("_prmt", "_lop", "_shf", "_cvt"))]
+    cases += [(64, *c) for c in itertools.product((1, 2), ("",), ("_dnow", "_dnew"))]
     for n, alu, ss, ops in cases:
         name = f"busy{ss}_n{n}_a{alu}{ops}"
         if only not in name:
@@ -182,6 +221,8 @@ def run_busy(cuda, mod, sms: int, stream, groups: int, only: str) -> None:
             "alu_ops": ops or "decode",
         }
         row["cycles"] = cycles
+        if alu:  # the busy warps' loop trips (each: 8 × 16 registers' ops) a cycle, block 0's thread 128
+            row["alu_trips_per_kcycle"] = round(float(buf[sms + 128]) / cycles * 1e3, 2)
         row["tflops_at_1.98ghz"] = round(flops / cycles * 1.98e9 * sms / 1e12, 1)
         row["clock_hz"] = clock
         print(json.dumps(row), flush=True)
