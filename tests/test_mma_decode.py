@@ -12,7 +12,6 @@ scales) and 32 rows with the activations in the ring, with a block the fold cann
 
 import dataclasses
 import re
-import subprocess
 
 import pytest
 import torch
@@ -23,6 +22,7 @@ from mxgemm.codegen import build as builder
 from mxgemm.codegen import mma, pairs
 from mxgemm.codegen import target as targets
 from mxgemm.rules import mma as mma_rule
+from tests import ptxas
 
 N, K = 512, 2048  # (8 warps splitting K take 8 steps each: one ring iteration)
 # (hints with quad, M bucket, rows)
@@ -117,10 +117,7 @@ def test_cvt_and_fold_twins_exclude_each_other():
 
 def _ptx(tmp_path, fmt, hints, dtype="float16") -> str:
     k = mxgemm.build(fmt, n=N, k=K, m_bucket=1, target="sm_90", hints=hints, rule="mma", a_dtype=dtype)
-    cu, ptx = tmp_path / "k.cu", tmp_path / "k.ptx"
-    cu.write_text(k.source)
-    subprocess.run(["nvcc", "-ptx", "-O3", "-arch=sm_90", "-o", str(ptx), str(cu)], check=True)
-    return ptx.read_text()
+    return ptxas.ptx(k.source, tmp_path, arch="sm_90")
 
 
 @pytest.mark.nvcc

@@ -699,10 +699,7 @@ def test_moves_shift_once_a_word_not_once_a_pair(tmp_path):
         f = wgmma_w.kernel(formats.get("mxfp4"), n=256, k=512, out_dtype="float16", bias=False,
                            a_dtype="float16", hints=h)  # fmt: skip
         src = builder.compile_export(tvm.IRModule({"main": f}), TARGET, tmp_path / f"k{i}.so")["source"]
-        cu, ptx = tmp_path / f"k{i}.cu", tmp_path / f"k{i}.ptx"
-        cu.write_text(src)
-        subprocess.run(["nvcc", "-ptx", "-O3", "-arch=sm_90a", "-o", str(ptx), str(cu)], check=True)
-        text = ptx.read_text()
+        text = ptxas.ptx(src, tmp_path, name=f"k{i}")
         counts.append((len(re.findall(r"\bsh[lr]\.b32|\bshr\.u32", text)), text.count("prmt.b32")))
     (shifts, permutes), (shifts0, permutes0) = counts
     assert shifts < shifts0 and permutes <= permutes0
