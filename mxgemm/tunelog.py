@@ -205,9 +205,9 @@ def user_log(arch: str) -> Path:
 # rules whose records hold for fp16 and bf16 alike: mma's and wgmma_w's hints shape both kernels alike; a
 # dequant record (decode + cuBLAS beat the fused kernels) times the same decode and a GEMM of the same speed
 SHARED_ACROSS_DTYPES = ("mma", "wgmma_w", "dequant")
-# hints of those rules that exist for fp16 activations alone (the fp4 four-pairs decodes): a bf16 layer
+# hints of those rules that exist for fp16 activations alone (the fp4 four-pairs decode): a bf16 layer
 # that borrows an fp16 record runs its kernel without them
-FP16_ONLY = {"mma": ("quad",), "wgmma_w": ("moves",)}
+FP16_ONLY = {"mma": ("quad",)}
 
 
 def for_bf16(rule: str, config: dict[str, Any]) -> dict[str, Any]:

@@ -30,7 +30,7 @@ def _words(codes: np.ndarray, bits: int) -> np.ndarray:
     return out
 
 
-def _decode_fn(fmt, cases: int, left: bool, dtype: str, quad: bool = False, moves: bool = False):
+def _decode_fn(fmt, cases: int, left: bool, dtype: str, quad: bool = False):
     import tvm
     from tvm.script.ir_builder import IRBuilder
     from tvm.script.ir_builder import tirx as T
@@ -42,7 +42,7 @@ def _decode_fn(fmt, cases: int, left: bool, dtype: str, quad: bool = False, move
             w = T.match_buffer(T.arg("W", T.handle()), (cases, n_planes, 2), "uint32")
             o = T.match_buffer(T.arg("O", T.handle()), (cases, 4), "uint32")
             with T.serial(0, cases) as c:
-                quads = pairs.decode_quad(fmt, w[c, 0, 0], cuda=False, moves=moves) if quad else None
+                quads = pairs.decode_quad(fmt, w[c, 0, 0], cuda=False) if quad else None
                 for pair in range(4):
                     bits = quads[pair] if quad else pairs.decode_pair(
                         fmt, lambda p, i: w[c, p, i], pair, cuda=False, left=left, dtype=dtype
@@ -65,15 +65,12 @@ def _fma_bf16x2(a: np.ndarray, fin: pairs.Finish) -> np.ndarray:
 @pytest.mark.parametrize(
     ("name", "dtype", "how"),
     [(*c, how) for c in CASES for how in ("right", "left")]
-    + [
-        (*c, how) for c in CASES if pairs.quad_supported(formats.get(c[0]), c[1]) for how in ("quad", "moves")
-    ],
+    + [(*c, "quad") for c in CASES if pairs.quad_supported(formats.get(c[0]), c[1])],
 )
 def test_every_code_pair_bit_exact(name, dtype, how):
     """Every code at every position of a run of 8 (and each next to every other code) decodes to
     its value times the format's offset, exactly, in fp16 and in bf16 (both byte-lane choices:
-    ``how`` "right" / "left"; "quad": :func:`pairs.decode_quad`'s four pairs a word, where it serves;
-    "moves": its pairs by byte moves and masks)."""
+    ``how`` "right" / "left"; "quad": :func:`pairs.decode_quad`'s four pairs a word, where it serves)."""
     import tvm
 
     fmt = formats.get(name)
@@ -89,7 +86,7 @@ def test_every_code_pair_bit_exact(name, dtype, how):
     words = _words(codes, fmt.bits)
     out = np.zeros((codes.shape[0], 4), np.uint32)
     w_t, o_t = tvm.runtime.tensor(words), tvm.runtime.tensor(out)
-    _decode_fn(fmt, codes.shape[0], how == "left", dtype, how in ("quad", "moves"), how == "moves")(w_t, o_t)
+    _decode_fn(fmt, codes.shape[0], how == "left", dtype, how == "quad")(w_t, o_t)
     raw = o_t.numpy()
     if (fma := pairs.bf16_fma(fmt, dtype)) is not None:
         raw = _fma_bf16x2(raw, fma)

@@ -176,24 +176,20 @@ def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
     early = lambda h: [*(dataclasses.replace(h, pdl=p) for p in (1, 2)), dataclasses.replace(h, early=1)]  # noqa: E731
     # and, codes by TMA, in 8 slots of 64 K
     half = lambda h: [dataclasses.replace(h, lean=1, bk=64, stages=8)]  # noqa: E731
-    # and before all, fp4 into fp16: the record leaner, its pairs by byte moves
-    moves = lambda h: [dataclasses.replace(h, lean=h.lean or 1, moves=1)]  # noqa: E731
-    assert rule.twins(spec, plain) == moves(plain) + early(plain) + lean(plain) + lean(plain, n=2) + lean(
+    assert rule.twins(spec, plain) == early(plain) + lean(plain) + lean(plain, n=2) + lean(
         tma, warp0, producer, sk
     )
     twins = early(tma) + lean(tma) + lean(tma, n=2) + lean(warp0, producer) + half(tma) + lean(sk)
-    assert rule.twins(spec, tma) == moves(tma) + twins
+    assert rule.twins(spec, tma) == twins
     sk2 = dataclasses.replace(sk, prod=2)
-    assert rule.twins(spec, producer) == moves(producer) + early(producer) + lean(producer) + lean(
-        producer, n=2
-    ) + lean(tma, warp0) + half(producer) + lean(sk2)
-    leaner = lean(producer)[0]
-    assert rule.twins(spec, leaner) == moves(leaner) + early(leaner) + lean(producer, n=2) + lean(
+    assert rule.twins(spec, producer) == early(producer) + lean(producer) + lean(producer, n=2) + lean(
         tma, warp0
     ) + half(producer) + lean(sk2)
-    bf16 = dataclasses.replace(spec, a_dtype="bfloat16", out_dtype="bfloat16")
-    assert rule.twins(bf16, tma) == twins  # (no byte-move decode of bf16 pairs)
-    # (no split here: neither it leaner, nor early, pdl, moves or a TMA twin)
+    leaner = lean(producer)[0]
+    assert rule.twins(spec, leaner) == early(leaner) + lean(producer, n=2) + lean(tma, warp0) + half(
+        producer
+    ) + lean(sk2)
+    # (no split here: neither it leaner, nor early, pdl or a TMA twin)
     small = wgmma_w.Hints(1, 4, 1, mt=64, splits=2, ring=1, tma=1)
     assert rule.twins(spec, small) == lean(  # and on 128-row tiles (two such blocks do not fit an SM)
         *(wgmma_w.Hints(1, 4, 1, mt=64, ring=1, tma=1, sk=sk) for sk in (1, 2)),
@@ -206,7 +202,7 @@ def test_loads_by_tma_are_candidates_on_the_ring_and_twins_of_a_record():
     short = builder.KernelSpec("mxfp4", 4096, 4096, 128, "float16", "float16", False, 32, sm90)
     for splits in (2, 4):
         split = wgmma_w.Hints(2, 4, 1, mt=64, splits=splits, ring=1, tma=2, lean=2)
-        assert rule.twins(short, split)[4] == dataclasses.replace(split, cluster=1, splits=2)
+        assert rule.twins(short, split)[3] == dataclasses.replace(split, cluster=1, splits=2)
     assert rule.default_hints(spec).lean == 1
 
 
@@ -439,9 +435,6 @@ CVT_CASES += [(dataclasses.replace(HALF_WIDE, cvt=1), 300)]
 # bk K)
 HALF_CASES = [(dataclasses.replace(HALF_WIDE, wg=1, stages=3), 300), (HALF_SPLIT, 77)]
 HALF_CASES += [(wgmma_w.Hints(2, 4, 1, 128, 2, ring=1, tma=2, prod=2, lean=2, cluster=1, bk=64), 150)]
-# fp4 codes into fp16 by byte moves (moves: lean tiles of 64 rows in a cluster of 2 splits, 256 rows by
-# TMA with a producer, 16 rows)
-MOVES_CASES = [(dataclasses.replace(h, moves=1), m) for h, m in ((EARLY, 77), (LEAN, 300), (SMALL, 37))]
 # test_gpu_an_option_gives_the_same_bits's: (option, hints with it, rows)
 SAME_BITS = [
     (o, h, m)
@@ -491,11 +484,6 @@ PREBUILD += [  # test_gpu_cvt_gives_the_same_bits's
     for dt in ("float16", "bfloat16")
     for case, _ in CVT_CASES
     for h in (dataclasses.replace(case, cvt=0), case)
-]
-PREBUILD += [  # test_gpu_moves_gives_the_same_bits's
-    ("mxfp4", 256, 512, "float16", False, h)
-    for case, _ in MOVES_CASES
-    for h in (_without("moves", case), case)
 ]
 # test_gpu_linear_runs_the_records_kernel's: its record's layer, n, k, bucket and hints
 LINEAR = ("mxfp4", 512, 1024, 128, wgmma_w.Hints(2, 4, 1, mt=64, splits=2, ring=1, tma=2))
@@ -653,56 +641,6 @@ def test_gpu_cvt_gives_the_same_bits(fmt, hints, m, fold, dtype):
     gives the bits of the kernel that decodes pairs by shifts and masks, on rows that fold and with a
     block that does not."""
     _assert_same_bits(fmt, dtype, hints, dataclasses.replace(hints, cvt=0), m, fold, 8)
-
-
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize(("hints", "m"), MOVES_CASES)
-@pytest.mark.parametrize("fold", [True, False])
-def test_gpu_moves_gives_the_same_bits(hints, m, fold):
-    """``moves`` (a word's 4 fp16 pairs of e2m1 codes by byte moves and masks, its shifts once a word)
-    gives the bits of the kernel that decodes each pair with a shift, on rows that fold and with a
-    block that does not."""
-    _assert_same_bits("mxfp4", "float16", hints, _without("moves", hints), m, fold, 9)
-
-
-def test_moves_are_fp4_into_fp16_twins_of_lean_hints():
-    """``moves`` goes with ``lean`` alone, for 4-bit float codes into fp16 alone; the rule offers it
-    there as candidates and as the first twin of a lean record, nowhere else."""
-    with pytest.raises(ValueError, match="moves 0|1"):
-        wgmma_w.Hints(moves=1)
-    lean = wgmma_w.Hints(2, 4, 1, mt=64, ring=1, tma=2, prod=2, lean=2)
-    hints = dataclasses.replace(lean, moves=1)
-    for fmt, dt in (("mxfp4", "bfloat16"), ("mxfp8_e4m3", "float16"), ("mxint8", "float16")):
-        assert "take no byte-move decode" in wgmma_w.applies(formats.get(fmt), 4096, 4096, dt, hints)
-    assert wgmma_w.applies(formats.get("mxfp4"), 4096, 4096, "float16", hints) is None
-    rule = rules.get("wgmma_w")
-    for fmt, dt in itertools.product(("mxfp4", "mxfp8_e4m3"), ("float16", "bfloat16")):
-        spec = builder.KernelSpec(fmt, 4096, 4096, 64, dt, dt, False, 32, targets.resolve("sm_90"))
-        moved = [h for h in rule.candidates(spec) if h.moves]
-        assert bool(moved) == ((fmt, dt) == ("mxfp4", "float16")) and all(h.lean for h in moved)
-        twins = rule.twins(spec, lean)
-        assert (twins[:1] == [hints]) == ((fmt, dt) == ("mxfp4", "float16"))
-
-
-@pytest.mark.nvcc
-def test_moves_shift_once_a_word_not_once_a_pair(tmp_path):
-    """The kernel with ``moves`` decodes with fewer shifts (PTX ``shl``/``shr``) and no more byte
-    permutes than the one without (3 shifts a word of 8 codes against 5)."""
-    import tvm
-
-    from mxgemm.codegen.wgmma import TARGET
-
-    hints = MOVES_CASES[0][0]
-    counts = []
-    for i, h in enumerate((hints, _without("moves", hints))):
-        f = wgmma_w.kernel(formats.get("mxfp4"), n=256, k=512, out_dtype="float16", bias=False,
-                           a_dtype="float16", hints=h)  # fmt: skip
-        src = builder.compile_export(tvm.IRModule({"main": f}), TARGET, tmp_path / f"k{i}.so")["source"]
-        text = ptxas.ptx(src, tmp_path, name=f"k{i}")
-        counts.append((len(re.findall(r"\bsh[lr]\.b32|\bshr\.u32", text)), text.count("prmt.b32")))
-    (shifts, permutes), (shifts0, permutes0) = counts
-    assert shifts < shifts0 and permutes <= permutes0
 
 
 @pytest.mark.nvcc

@@ -221,32 +221,11 @@ def quad_supported(fmt: Format, dtype: str) -> bool:
     return fmt.kind == "float" and fmt.bits == 4 and dtype == "float16" and supported(fmt, dtype)
 
 
-def decode_quad(fmt: Format, word: PrimExpr, cuda: bool = True, moves: bool = False) -> list[PrimExpr]:
+def decode_quad(fmt: Format, word: PrimExpr, cuda: bool = True) -> list[PrimExpr]:
     """The 4 fp16 pairs of a uint32 ``word`` of 8 codes of ``fmt`` (:func:`quad_supported`; pair
     ``p``: the codes of byte ``p``, low nibble first): :func:`decode_pair`'s, 3 integer ops a pair
-    (:func:`_sign_pair`; the byte-wise four-at-once decode this once was took more time). ``moves``:
-    the same pairs with the shifts out of the pairs (:func:`_moves_quad`)."""
-    if moves:
-        return _moves_quad(fmt, word, cuda)
+    (:func:`_sign_pair`; the byte-wise four-at-once decode this once was took more time)."""
     return [_sign_pair(fmt, lambda p, i: word, pair, cuda, "float16") for pair in range(4)]
-
-
-def _moves_quad(fmt: Format, word: PrimExpr, cuda: bool) -> list[PrimExpr]:
-    """:func:`decode_quad`'s pairs by byte moves and masks, the word shifted three times for all four
-    (beside a ``wgmma``, shifts slow the tensor pipe and ``prmt``/``lop3`` do not:
-    ``benchmarks/wgmma_rate.py``). Each code's fp16 high byte is its sign at bit 7 and its exponent
-    and mantissa at the field's place (e2m1: bits 1-3, fp16 bits 9-11, :func:`_sign_pair`'s): the
-    low codes' from the word shifted left 4 (the sign) and left 1 merged by one ``lop3``, the high
-    codes' from the word (the sign) and the word shifted right 3; a pair is then one ``prmt`` (its
-    two codes' bytes to the halves' high bytes) and a mask."""
-    at = MANT["float16"] - fmt.mbits - 8  # the field's lowest bit within a half's high byte
-    if not 0 <= at <= 4:
-        raise ValueError(f"{fmt.name}: its field does not sit in the high byte of an fp16 half")
-    sign = u32(0x80808080)
-    merge = lambda a, b: ((a ^ b) & sign) ^ b  # noqa: E731  (a's bit 7 of each byte, b's others: one lop3)
-    low, high = merge(word << u32(4), _shift(word, at)), merge(word, _shift(word, at - 4))
-    keep = _rep(0x8000 | (2 ** (fmt.bits - 1) - 1) << (at + 8))
-    return [prmt(low, high, p << 4 | (4 + p) << 12, cuda) & keep for p in range(4)]
 
 
 @dataclass(frozen=True)

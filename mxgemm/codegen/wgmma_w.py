@@ -155,10 +155,7 @@ class Hints:
     widened (:func:`~mxgemm.codegen.pairs.cvt_pair`: the elements themselves, folded and brought to scale
     accordingly; e4m3's NaN codes NaN); bk: K a ring slot holds (128, or 64: half the bytes a slot,
     so twice the slots fit, e.g. five of 8-bit codes with two warpgroups × 256 rows where two of 128
-    do; a slot holds its K window's 4 scale codes a row, of which it uses the half its K is in); moves
-    (``lean``, fp4 into fp16): 1 to decode a word's 4 pairs by byte moves and masks, its shifts once a
-    word (:func:`~mxgemm.codegen.pairs.decode_quad`: the same pairs; shifts slow the wgmmas beside
-    them, byte moves and masks do not: ``benchmarks/wgmma_rate.py``)."""
+    do; a slot holds its K window's 4 scale codes a row, of which it uses the half its K is in)."""
 
     wg: int = 2
     stages: int = 4
@@ -176,7 +173,6 @@ class Hints:
     pdl: int = 0
     cvt: int = 0
     bk: int = BK
-    moves: int = 0
 
     def __post_init__(self) -> None:
         ok = self.bk in (BK, BK // 2) and self.wg in (1, 2, 3, 4) and self.double in (0, 1)
@@ -188,20 +184,14 @@ class Hints:
         ok = ok and self.cluster in (0, 1) and (not self.cluster or self.splits > 1)
         ok = ok and self.early in (0, 1) and not (self.early and self.sk) and self.frag in (0, 1)
         ok = ok and self.pdl in (0, 1, 2) and not (self.pdl and self.sk) and self.cvt in (0, 1)
-        ok = (
-            ok
-            and not (self.frag and self.bk != BK)
-            and self.moves in (0, 1)
-            and not (self.moves and not self.lean)
-        )
+        ok = ok and not (self.frag and self.bk != BK)
         if not ok or self.tma not in TMA or (self.tma and not self.ring):
             raise ValueError(
                 f"wgmma_w hints {self}: bk 128|64, wg 1..4, stages 3..6 (bk 64: 3..8), double 0|1, "
                 "mt 16|32|64|128|256, splits 1|2|4|8, ring 0|1, tma 0|1|2 (with ring 1), "
                 "sk 0|1|2 (with ring 1 and splits 1), "
                 "prod 0|1|2 (with tma 2; 2 with wg 1|2), lean 0|1|2, cluster 0|1 (1 with splits > 1), "
-                "early 0|1 (1 with sk 0), frag 0|1 (0 with bk 64), pdl 0|1|2 (sk 0), cvt 0|1, "
-                "moves 0|1 (1 with lean 1|2)"
+                "early 0|1 (1 with sk 0), frag 0|1 (0 with bk 64), pdl 0|1|2 (sk 0), cvt 0|1"
             )
 
     def to_dict(self) -> dict[str, int]:
@@ -231,8 +221,6 @@ def applies(fmt: formats.Format, n: int, k: int, a_dtype: str, h: Hints = Hints(
         return f"{fmt.name} pairs in {a_dtype} take no folded scale"
     if h.cvt and not pairs.cvt_supported(fmt, a_dtype):
         return f"{fmt.name} codes in {a_dtype} take no cvt of fp8 pairs"
-    if h.moves and not pairs.quad_supported(fmt, a_dtype):
-        return f"{fmt.name} codes in {a_dtype} take no byte-move decode (4-bit float codes into fp16)"
     if n % (64 * h.wg):
         return f"N={n} is not a multiple of {64 * h.wg}"
     if k % (h.splits * (2 * h.bk if h.double else h.bk)) or k % BK:  # (a slot's scale word: 128 K)
@@ -739,11 +727,7 @@ class _Kernel:
             if fold:
                 fac = [self.multiplier(sc, r, u) for r in range(2)]
             if self.quads:  # a row's 4 pairs of the step at once
-                moves = bool(self.h.moves)
-                quads = [
-                    pairs.decode_quad(self.fmt, tirx.BufferLoad(words, [u, r, 0]), moves=moves)
-                    for r in range(2)
-                ]
+                quads = [pairs.decode_quad(self.fmt, tirx.BufferLoad(words, [u, r, 0])) for r in range(2)]
             for g, q in itertools.product(range(2), range(4)):
                 # wgmma g's A: rows quad / quad+8 (q % 2) × K 16g + 2j.. / +8 (q // 2)
                 wd = lambda p, i, u=u, r=q % 2: tirx.BufferLoad(words, [u, r, i])  # noqa: E731

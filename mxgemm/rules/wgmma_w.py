@@ -52,8 +52,7 @@ class WgmmaW(Rule):
         warpgroup refilling the ring where TMA loads it (the producer: 1 or 2 others), the ring's first
         loads before the scale scan or after it (``early``; stream-K: before), with programmatic
         dependent launch or without (``pdl``; stream-K: without); 128- and 256-row tiles with codes by
-        TMA also in 4-8 slots of 64 K (``bk``); 8-bit float codes also by one ``cvt`` a pair, 4-bit
-        float codes into fp16 (``lean``) also by byte moves (``moves``)."""
+        TMA also in 4-8 slots of 64 K (``bk``)."""
         if not self._serves(spec):
             return []
         f = formats.get(spec.fmt)
@@ -85,8 +84,6 @@ class WgmmaW(Rule):
             and applies(f, spec.n, spec.k, spec.a_dtype, h) is None
         ]
         cvt = pairs.cvt_supported(f, spec.a_dtype)  # (one cvt a pair of 8-bit float codes)
-        if pairs.quad_supported(f, spec.a_dtype):  # (fp4 into fp16: the lean decode by byte moves)
-            return cands + [dataclasses.replace(h, moves=1) for h in cands if h.lean]
         return cands + [dataclasses.replace(h, cvt=1) for h in cands] if cvt else cands
 
     def cost(self, spec: Any, h: Hints) -> float:
@@ -168,10 +165,9 @@ class WgmmaW(Rule):
         return short * measured * ring * split * (0.98 if h.early else 1.0)
 
     def twins(self, spec: Any, hints: Hints) -> list[Hints]:
-        """``hints`` (leaner) decoding by byte moves (``moves``: the newest option, first, so a cut
-        budget keeps it; not measured in a kernel yet), launched with programmatic dependent launch
-        (``pdl`` 1 and 2; the cost model leaves these to the twins) and with the ring's first loads
-        issued before the scale scan (``early``); ``hints`` split in two with its parts added in a
+        """``hints`` launched with programmatic dependent launch (``pdl`` 1 and 2: the newest option,
+        first, so a cut budget keeps it; the cost model leaves it to the twins) and with the ring's
+        first loads issued before the scale scan (``early``); ``hints`` split in two with its parts added in a
         cluster's shared memory; ``hints`` leaner (``lean`` 1; the twins below lean too) and
         with its outputs scaled by a multiply (``lean`` 2), with its loads by TMA (the ring on,
         ``tma`` 2), refilled by every thread, warp 0 and a producer warpgroup (``prod``), in as many
@@ -181,7 +177,6 @@ class WgmmaW(Rule):
         time of × 64), where those are candidates."""
         leaner = hints if hints.lean else replaced(hints, lean=1) or hints  # (the twins below lean too)
         twins = [
-            replaced(leaner, moves=1),
             replaced(hints, cvt=1),
             replaced(hints, pdl=1),
             replaced(hints, pdl=2),
