@@ -419,19 +419,23 @@ def _whole_bucket(task: Task, group: list[dict[str, Any]], kernels: list, us: li
     fused kernel's part-filled M tile costs it most, and the means of the two ends are compared: a
     fused kernel's time steps with its M tiles, so it is flat across a bucket, while decode + cuBLAS's
     grows with the rows (the mean of the ends is its mean over the rows). (Requiring a win at the
-    first row as well gave 4096² fp16 at 512 rows to decode + cuBLAS, 35.8 µs, where the fused
-    kernel takes 29: it lost by about a microsecond at 385 rows.)"""
+    first row as well had left 4096² fp16 at 512 rows on decode + cuBLAS, 35.8 µs, where the bf16
+    record's fused kernel took 28.8.)"""
     timed = [i for i, u in enumerate(us) if u is not None]
     at = next((i for i in timed if group[i]["rule"] == DECODE_RULE), None)
     if task.m_bucket not in ops.WIDE or at is None:  # (decode + cuBLAS not timed: nothing to beat)
         return
     first = replace(task, m_bucket=builder.M_BUCKETS[builder.M_BUCKETS.index(task.m_bucket) - 1] + 1)
-    decode = (_time(kernels[at], first) + us[at]) / 2
+    d0 = _time(kernels[at], first)
     for i in timed:
-        if i != at and (mean := (_time(kernels[i], first) + us[i]) / 2) > decode:
-            log.info("%s %s: %.1f µs over %d-%d rows, decode + cuBLAS %.1f: no record", task,
-                     group[i]["hints"], mean, first.m_bucket, task.m_bucket, decode)  # fmt: skip
-            us[i] = None
+        if i == at:
+            continue
+        low = _time(kernels[i], first)
+        kept = low + us[i] <= d0 + us[at]
+        log.info("%s %s: %.1f / %.1f µs at %d / %d rows, decode + cuBLAS %.1f / %.1f: %s", task,
+                 group[i]["hints"], low, us[i], first.m_bucket, task.m_bucket, d0, us[at],
+                 "kept" if kept else "no record")  # fmt: skip
+        us[i] = us[i] if kept else None
 
 
 class DecodeThenGemm:
