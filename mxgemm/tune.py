@@ -412,30 +412,28 @@ def measure_task(
 
 
 def _whole_bucket(task: Task, group: list[dict[str, Any]], kernels: list, us: list[float | None]) -> None:
-    """In a bucket past 256 rows (:data:`mxgemm.ops.WIDE`), a fused candidate must also beat decode +
-    cuBLAS on average over the bucket's rows (``us`` set to None where it does not: it gets no record,
-    so the log keeps decode + cuBLAS or a candidate that does). The bucket's record serves every row
-    of it but is timed at its last; each candidate is timed again at the bucket's first row, where a
-    fused kernel's part-filled M tile costs it most, and the means of the two ends are compared: a
-    fused kernel's time steps with its M tiles, so it is flat across a bucket, while decode + cuBLAS's
-    grows with the rows (the mean of the ends is its mean over the rows). (Requiring a win at the
-    first row as well had left 4096² fp16 at 512 rows on decode + cuBLAS, 35.8 µs, where the bf16
-    record's fused kernel took 28.8.)"""
+    """In a bucket past 256 rows (:data:`mxgemm.ops.WIDE`), the candidate kept is the one with the least
+    mean over the bucket's rows, decode + cuBLAS among them (``us`` set to None for every other: they
+    get no record). The bucket's record serves every row of it but is timed at its last; each
+    candidate is timed again at the bucket's first row and the two ends averaged (decode + cuBLAS's
+    time grows with the rows, a fused kernel's steps with its M tiles; a part-filled 256-row tile
+    often costs more than a full one: H200, mxfp4, median 1.05x, up to 1.5x). Until ``f2adc53`` a
+    fused candidate had to win at the first row as well, which had left 4096² fp16 at 512 rows on
+    decode + cuBLAS, 35.8 µs, where the bf16 record's fused kernel took 28.8; the fastest at the
+    last row is not always the best over the bucket either."""
     timed = [i for i, u in enumerate(us) if u is not None]
     at = next((i for i in timed if group[i]["rule"] == DECODE_RULE), None)
-    if task.m_bucket not in ops.WIDE or at is None:  # (decode + cuBLAS not timed: nothing to beat)
+    if task.m_bucket not in ops.WIDE or at is None:  # (decode + cuBLAS not timed: nothing to weigh)
         return
     first = replace(task, m_bucket=builder.M_BUCKETS[builder.M_BUCKETS.index(task.m_bucket) - 1] + 1)
-    d0 = _time(kernels[at], first)
+    ends = {i: (_time(kernels[i], first), us[i]) for i in timed}
+    best = min(timed, key=lambda i: sum(ends[i]))
     for i in timed:
-        if i == at:
-            continue
-        low = _time(kernels[i], first)
-        kept = low + us[i] <= d0 + us[at]
-        log.info("%s %s: %.1f / %.1f µs at %d / %d rows, decode + cuBLAS %.1f / %.1f: %s", task,
-                 group[i]["hints"], low, us[i], first.m_bucket, task.m_bucket, d0, us[at],
-                 "kept" if kept else "no record")  # fmt: skip
-        us[i] = us[i] if kept else None
+        if i != at:
+            log.info("%s %s: %.1f / %.1f µs at %d / %d rows, decode + cuBLAS %.1f / %.1f: %s", task,
+                     group[i]["hints"], *ends[i], first.m_bucket, task.m_bucket, *ends[at],
+                     "kept" if i == best else "no record")  # fmt: skip
+        us[i] = us[i] if i == best else None
 
 
 class DecodeThenGemm:

@@ -340,22 +340,29 @@ def test_gpu_decode_candidate_is_checked_and_timed():
 
 
 @pytest.mark.parametrize(("fused", "kept"), [(36.0, True), (37.0, False), (30.5, True)])
-def test_a_wide_bucket_keeps_a_fused_kernel_that_wins_over_its_rows_on_average(monkeypatch, fused, kept):
-    """Past 256 rows a fused candidate keeps its time where its mean over the bucket's two ends beats
-    decode + cuBLAS's (here 30 µs at the first row, 513, and 43 at the last, 640: a mean of 36.5), the
-    first row's loss weighed against the last row's gain; else it gets no record. (Times stand in for
+def test_a_wide_bucket_keeps_the_candidate_with_the_least_mean_over_its_rows(monkeypatch, fused, kept):
+    """Past 256 rows the candidate kept is the one whose mean over the bucket's two ends is least:
+    decode + cuBLAS here takes 30 µs at the first row, 513, and 43 at the last, 640 (a mean of 36.5);
+    a fused kernel flat at ``fused`` µs; a second one faster at the last row (34) but slower at the
+    first (40, a mean of 37) is not kept. The others get no time, so no record. (Times stand in for
     the GPU's; the decision is the tuner's own.)"""
     task = tune.Task("mxfp4", 4096, 4096, 640, "float16", "sm_90", block_size=32)
-    times = {("decode", 513): 30.0, ("decode", 640): 43.0, ("fused", 513): fused, ("fused", 640): fused}
+    times = {("decode", 513): 30.0, ("decode", 640): 43.0, ("flat", 513): fused, ("flat", 640): fused}
+    times |= {("steep", 513): 40.0, ("steep", 640): 34.0}
     monkeypatch.setattr(tune, "_time", lambda kernel, t: times[kernel, t.m_bucket])
-    group = [{"rule": "wgmma_w", "hints": {}}, {"rule": tune.DECODE_RULE, "hints": {}}]
-    us = [times["fused", 640], times["decode", 640]]
-    tune._whole_bucket(task, group, ["fused", "decode"], us)
-    assert us == [fused if kept else None, 43.0]
+    group = [
+        {"rule": "wgmma_w", "hints": {}},
+        {"rule": "wgmma_w", "hints": {}},
+        {"rule": tune.DECODE_RULE, "hints": {}},
+    ]
+    kernels = ["flat", "steep", "decode"]
+    us = [times[name, 640] for name in kernels]
+    tune._whole_bucket(task, group, kernels, us)
+    assert us == ([fused, None, None] if kept else [None, None, 43.0])
     narrow = dataclasses.replace(task, m_bucket=256)  # (not a wide bucket: the last row alone decides)
-    us = [times["fused", 640], times["decode", 640]]
-    tune._whole_bucket(narrow, group, ["fused", "decode"], us)
-    assert us == [fused, 43.0]
+    us = [times[name, 640] for name in kernels]
+    tune._whole_bucket(narrow, group, kernels, us)
+    assert us == [fused, 34.0, 43.0]
 
 
 def test_merge_keeps_a_borrowing_bucket_on_the_lent_kernel_where_that_is_faster(tmp_path):
