@@ -5,11 +5,14 @@ by a producer warpgroup (0.89-0.94x the time of every thread refilling it), and 
 (256-row ones took 1.3-1.9x the time there); decode + cuBLAS beside them. The tuner's own pick
 (``mxgemm tune``) spends its budget on the default's twins, which differ in flags only; this round
 wants the tiles and splits. ``--bk 64``: the same tiles in slots of 64 K instead (5 or 6 of 256 rows,
-8 of 128; no stream-K), beside the record. Measure and merge with ``mxgemm tune --measure DIR`` /
-``--merge DIR``.
+8 of 128; no stream-K), beside the record. ``--narrow``: the record and three tiles alone (256 rows in
+5 slots of 64 K, unsplit and split in a cluster of 2; 128 rows in 4 of 128 K), ``cvt`` for fp16 rows
+of 8-bit float codes: a round a third the size, for the 8-bit formats. Measure and merge with
+``mxgemm tune --measure DIR`` / ``--merge DIR``.
 
     python benchmarks/tune_wide.py DIR [--formats mxfp4 --dtypes bfloat16 --m 384,512 --shapes 1024,4096]
     python benchmarks/tune_wide.py DIR --bk 64 --formats mxfp8_e4m3 --m 256,512,1024
+    python benchmarks/tune_wide.py DIR --narrow --formats mxfp8_e4m3
 """
 
 from __future__ import annotations
@@ -37,20 +40,30 @@ def grid(bk: int = BK) -> list[Hints]:
     return [*out, *(dataclasses.replace(h, cvt=1) for h in out)]
 
 
-def candidates(task: tune.Task, bk: int = BK) -> list[tuple[str, dict]]:
-    """The log's ``wgmma_w`` record for ``task`` (if any) and :func:`grid`, as the rule offers them."""
+def narrow(task: tune.Task) -> list[Hints]:
+    """``--narrow``'s three tiles, with ``cvt`` for fp16 rows."""
+    h = dataclasses.replace(BASE, stages=5, bk=BK // 2, cvt=int(task.a_dtype == "float16"))
+    return [h, dataclasses.replace(h, splits=2, cluster=1), dataclasses.replace(h, mt=128, stages=4, bk=BK)]
+
+
+def candidates(task: tune.Task, bk: int = BK, small: bool = False) -> list[tuple[str, dict]]:
+    """The log's ``wgmma_w`` record for ``task`` (if any) and :func:`grid` (``small``: :func:`narrow`),
+    as the rule offers them."""
     spec = task.spec()
     offered = set(wgmma_w.RULE.candidates(spec))
     recorded = tune._recorded(task, wgmma_w.RULE)  # noqa: SLF001
-    hints = [h for h in dict.fromkeys([*([recorded] if recorded else []), *grid(bk)]) if h in offered]
+    tiles = narrow(task) if small else grid(bk)
+    tiles = [h if h in offered or not small else dataclasses.replace(h, cvt=0) for h in tiles]  # (int codes)
+    hints = [h for h in dict.fromkeys([*([recorded] if recorded else []), *tiles]) if h in offered]
     return [("wgmma_w", h.to_dict()) for h in hints]
 
 
 def main() -> None:
     ap = rounds.arguments(__doc__, "384,512,640,768,896,1024")
     ap.add_argument("--bk", type=int, default=BK, choices=(BK, BK // 2), help="K of a ring slot")
+    ap.add_argument("--narrow", action="store_true", help="the record and three tiles alone")
     a = ap.parse_args()
-    rounds.build(a, lambda task: candidates(task, a.bk))
+    rounds.build(a, lambda task: candidates(task, a.bk, a.narrow))
 
 
 if __name__ == "__main__":
