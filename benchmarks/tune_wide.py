@@ -21,7 +21,8 @@ import dataclasses
 
 import rounds
 
-from mxgemm import tune
+from mxgemm import formats, tune
+from mxgemm.codegen import pairs
 from mxgemm.codegen.wgmma_w import BK, Hints
 from mxgemm.rules import wgmma_w
 
@@ -41,8 +42,9 @@ def grid(bk: int = BK) -> list[Hints]:
 
 
 def narrow(task: tune.Task) -> list[Hints]:
-    """``--narrow``'s three tiles, with ``cvt`` for fp16 rows."""
-    h = dataclasses.replace(BASE, stages=5, bk=BK // 2, cvt=int(task.a_dtype == "float16"))
+    """``--narrow``'s three tiles, with ``cvt`` for fp16 rows of 8-bit float codes."""
+    cvt = task.a_dtype == "float16" and pairs.cvt_supported(formats.get(task.fmt), task.a_dtype)
+    h = dataclasses.replace(BASE, stages=5, bk=BK // 2, cvt=int(cvt))
     return [h, dataclasses.replace(h, splits=2, cluster=1), dataclasses.replace(h, mt=128, stages=4, bk=BK)]
 
 
@@ -53,7 +55,6 @@ def candidates(task: tune.Task, bk: int = BK, small: bool = False) -> list[tuple
     offered = set(wgmma_w.RULE.candidates(spec))
     recorded = tune._recorded(task, wgmma_w.RULE)  # noqa: SLF001
     tiles = narrow(task) if small else grid(bk)
-    tiles = [h if h in offered or not small else dataclasses.replace(h, cvt=0) for h in tiles]  # (int codes)
     hints = [h for h in dict.fromkeys([*([recorded] if recorded else []), *tiles]) if h in offered]
     return [("wgmma_w", h.to_dict()) for h in hints]
 
