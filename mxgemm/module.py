@@ -16,6 +16,8 @@ from mxgemm.fake_quant import fake_quantize
 from mxgemm.reference import quantize
 from mxgemm.weight import MxWeight
 
+HOT_SHAPES = 64  # input shapes a layer keeps a hot path for (`ops.hot_path`); past that it starts over
+
 
 class MxLinear(nn.Module):
     """``y = x @ W.T + b`` with W stored as MX/BFP codes + E8M0 scales, run by generated kernels.
@@ -51,6 +53,7 @@ class MxLinear(nn.Module):
         device: torch.device | str | None = None,
     ):
         super().__init__()
+        self._hot: dict[torch.Size, Callable] = {}  # x.shape -> `ops.hot_path`'s function
         device = system.check_device(device)
         a_name = str(a_dtype).removeprefix("torch.")
         cfg = MxConfig(fmt, block_size, scale_mode, rounding, a_name, [], activations=activations)
@@ -209,6 +212,12 @@ class MxLinear(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.compiler.is_compiling() and type(x) is torch.Tensor:  # (dynamo: folded away)
+            hot = self._hot.get(x.shape)  # an eager call like an earlier one (`ops.hot_path`)
+            if hot is not None:
+                y = hot(x, self._buffers)
+                if y is not None:
+                    return y
         if not x.is_floating_point():
             raise TypeError(f"MxLinear: expected a floating-point input, got {x.dtype}")
         if x.shape[-1] != self.in_features:
@@ -216,17 +225,26 @@ class MxLinear(nn.Module):
         if self.activations is not None:
             x = self._quantize_input(x)
         bufs = self._buffers  # (directly: nn.Module's lookup of a buffer costs more than these checks)
-        y = ops.dispatch(
-            x if x.dtype is self.a_dtype else x.to(self.a_dtype),
-            [bufs[name] for name in self._plane_names],
-            bufs["weight_scales"],
-            bufs["bias"] if "bias" in bufs else self.bias,
-            self.fmt,
-            self.block_size,
-            self.out_features,
-            self.in_features,
-        )
+        args = (self.fmt, self.block_size, self.out_features, self.in_features)
+        a = x if x.dtype is self.a_dtype else x.to(self.a_dtype)
+        bias = bufs["bias"] if "bias" in bufs else self.bias
+        y = ops.dispatch(a, [bufs[name] for name in self._plane_names], bufs["weight_scales"], bias, *args)
+        if a is x and self.activations is None and type(x) is torch.Tensor:
+            if len(self._hot) >= HOT_SHAPES:
+                self._hot.clear()
+            names = [*self._plane_names, "weight_scales"] + ([] if bias is None else ["bias"])
+            held = {name: bufs[name] for name in names}
+            hot = ops.hot_path(x, held, self._plane_names, None if bias is None else "bias", *args)
+            if hot is not None:
+                self._hot[x.shape] = hot
         return y if y.dtype is x.dtype else y.to(x.dtype)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        return {**state, "_hot": {}}  # (closures over this layer's tensors: not to be copied or pickled)
+
+    def __setstate__(self, state):
+        super().__setstate__({"_hot": {}, **state})
 
     def _quantize_input(self, x: torch.Tensor) -> torch.Tensor:
         """``dequant(q(x))`` per :attr:`activations`: the generated kernel where it applies

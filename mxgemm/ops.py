@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+from collections.abc import Callable
 
 import torch
 
@@ -345,13 +346,75 @@ def _forward(
         return x.new_empty(*x.shape[:-1], n)
     if x.dtype is torch.float16:
         _check_fp16_once(planes, scales, fmt, block_size, n, k)
-    env = _ENVIRON.get(_BACKEND_KEY) if _ENVIRON is not None else os.environ.get(BACKEND_ENV)
-    key = (m, x.device, x.dtype, fmt, n, k, bias is not None, block_size, env)
+    key = (m, x.device, x.dtype, fmt, n, k, bias is not None, block_size, _backend_env())
     run = _launchers.get(key)
     if run is None:
         run = _launchers[key] = _launcher(key)
     out = run(x2, planes, scales, bias)
     return out if flat else out.reshape(*x.shape[:-1], n)
+
+
+def _backend_env() -> str | bytes | None:
+    """``$MXGEMM_BACKEND`` as a call reads it (:data:`_ENVIRON`'s bytes where it can)."""
+    return _ENVIRON.get(_BACKEND_KEY) if _ENVIRON is not None else os.environ.get(BACKEND_ENV)
+
+
+def hot_path(
+    x: torch.Tensor,
+    held: dict[str, torch.Tensor],
+    plane_names: list[str],
+    bias_name: str | None,
+    fmt: str,
+    block_size: int,
+    n: int,
+    k: int,
+) -> Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor | None] | None:
+    """After an eager call ``_forward(x, planes, scales, bias, ...)`` of a layer whose tensors are
+    ``held`` (name → tensor: the code planes ``plane_names``, ``"weight_scales"`` and ``bias_name``'s
+    bias, as the layer's buffers dict holds them): a function ``hot(x, buffers) -> y or None`` that
+    repeats such calls (``x`` of this shape, dtype and device, contiguous) on the same route with only
+    the checks whose outcome can change between them: the tensors still ``buffers``'s and unmodified
+    (so the fp16 range check still holds), ``$MXGEMM_BACKEND`` and the kernels unchanged
+    (:func:`clear_kernels`), and an eager call (:func:`_eager`). It returns None where one fails: the
+    caller then takes the full path. None where this call is not such an eager call."""
+    if not (_eager(x) and x.is_contiguous() and n and k and x.numel()):
+        return None
+    m, shape, dtype, index, env, epoch = (
+        x.numel() // k,
+        x.shape,
+        x.dtype,
+        x.get_device(),
+        _backend_env(),
+        _epoch[0],
+    )
+    run = _launchers.get((m, x.device, dtype, fmt, n, k, bias_name is not None, block_size, env))
+    if run is None:
+        return None
+    planes, scales = [held[p] for p in plane_names], held["weight_scales"]
+    bias = None if bias_name is None else held[bias_name]
+    state = [(name, t, t._version) for name, t in held.items()]
+    out_shape = (*shape[:-1], n)
+    flat = x.dim() == 2
+
+    def hot(x: torch.Tensor, buffers: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        if (
+            x.dtype is not dtype
+            or x.get_device() != index
+            or not x.is_contiguous()
+            or _epoch[0] != epoch
+            or (x.requires_grad and torch.is_grad_enabled())
+            or torch._C._len_torch_dispatch_stack()
+            or torch._C._is_torch_function_mode_enabled()
+            or _backend_env() != env
+        ):
+            return None
+        for name, t, version in state:
+            if buffers.get(name) is not t or t._version != version:
+                return None
+        y = run(x if flat else x.view(m, k), planes, scales, bias)
+        return y if flat else y.view(out_shape)
+
+    return hot
 
 
 def _launcher(key: tuple):
@@ -364,16 +427,16 @@ def _launcher(key: tuple):
     m, dev, dtype, fmt, n, k, _, block_size, _ = key
     if dev.type != "cuda" or not isinstance(route, builder.Kernel):
         return functools.partial(_run_route, route, fmt=fmt, block_size=block_size, n=n, k=k)
-    index = dev.index
+    index, kernel, current = dev.index, route.loaded(), torch._C._cuda_getDevice
 
     def run(x2, planes, scales, bias):
-        out = torch.empty(m, n, dtype=dtype, device=dev)
+        out = torch.empty((m, n), dtype=dtype, device=dev)
         args = (x2, *planes, scales, out) if bias is None else (x2, *planes, scales, bias.contiguous(), out)
-        if torch.cuda.current_device() == index:
-            route(*args)
+        if current() == index:
+            kernel(*args)
         else:
             with torch.cuda.device(index):
-                route(*args)
+                kernel(*args)
         return out
 
     return run
@@ -420,6 +483,7 @@ def _run(kernel, x2, planes, scales, bias, fmt, block_size, n, k, out=None) -> t
 _routes: dict[tuple, object] = {}  # (m, device, dtype, fmt, n, k, bias, block, backend) -> kernel
 _launchers: dict[tuple, object] = {}  # the same keys -> the function that runs a call (`_launcher`)
 _EMULATED = object()  # the route of $MXGEMM_BACKEND=emulated
+_epoch = [0]  # how many times `clear_kernels` ran
 
 
 def backend(value: str | bytes | None) -> str:
@@ -461,6 +525,7 @@ def clear_kernels() -> None:
     _kernels.clear()
     _routes.clear()
     _launchers.clear()
+    _epoch[0] += 1  # (the layers' hot paths, `hot_path`, check it)
     plan.cache_clear()
     row_parts.cache_clear()
     _bucket_record.cache_clear()

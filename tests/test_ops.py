@@ -1,6 +1,9 @@
 """`mxgemm.ops` dispatch: eager calls skip the custom op's dispatch; traced, faked and autograd calls go
 through it; both give the same bits."""
 
+import copy
+import io
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -117,4 +120,71 @@ def test_emulated_backend_runs_no_generated_kernel(fmt, device, monkeypatch):
         assert torch.equal(torch.ops.mxgemm.linear(*args), want)
         monkeypatch.setenv(ops.BACKEND_ENV, "fast")
         with pytest.raises(ValueError, match=r"MXGEMM_BACKEND must be one of kernels, emulated, got 'fast'"):
+            layer(x)
+
+
+def _full_calls(monkeypatch) -> list[int]:
+    """Counts the calls that take the full path (:func:`ops._forward`) from now on."""
+    calls, forward = [], ops._forward
+
+    def counted(*args):
+        calls.append(1)
+        return forward(*args)
+
+    monkeypatch.setattr(ops, "_forward", counted)
+    return calls
+
+
+@pytest.mark.parametrize("shape", [(3, K), (2, 3, K)])
+def test_a_repeated_eager_call_takes_the_hot_path_with_the_same_bits(shape, monkeypatch):
+    layer = _layer()
+    x = torch.randn(*shape, dtype=torch.bfloat16)
+    with torch.no_grad():
+        first = layer(x)
+        calls = _full_calls(monkeypatch)
+        again = layer(x.clone())
+        assert calls == []  # the hot path ran it
+        assert torch.equal(again, first)
+        assert torch.equal(layer(x.transpose(0, -1).contiguous().transpose(0, -1)), first)  # (not contiguous)
+        assert len(calls) == 1
+        args = (x, layer.planes, layer.weight_scales, layer.bias, layer.fmt, layer.block_size, N, K)
+        assert torch.equal(torch.ops.mxgemm.linear(*args), first)
+
+
+def test_the_hot_path_gives_way_where_the_weights_the_input_or_the_backend_changed(monkeypatch):
+    layer, other = _layer(), _layer()
+    other.load_weight(mxgemm.quantize(torch.randn(N, K), "mxfp4"))
+    x = torch.randn(4, K, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want, base = other(x), layer(x)
+        calls = _full_calls(monkeypatch)
+        layer.load_weight(other.weight)  # the same tensors, written in place
+        assert torch.equal(layer(x), want) and not torch.equal(want, base)
+        assert len(calls) == 1
+        layer.weight_scales = other.weight_scales.clone()  # a buffer replaced
+        assert torch.equal(layer(x), want)
+        assert len(calls) == 2
+        assert torch.equal(layer(x), want) and len(calls) == 2
+        assert torch.equal(layer(x.double()), want.double())  # another dtype: the full path's cast
+        twin = copy.deepcopy(layer)
+        twin.load_weight(_layer().weight)
+        assert torch.equal(twin(x), base) and torch.equal(layer(x), want)
+        torch.save(layer, io.BytesIO())  # (no closure goes into a pickle)
+        monkeypatch.setenv(ops.BACKEND_ENV, "emulated")
+        w = mxgemm.dequantize(layer.weight)
+        want = torch.nn.functional.linear(x.float(), w, layer.bias.float()).to(torch.bfloat16)
+        assert torch.equal(layer(x), want)
+    grad_x = x.clone().requires_grad_()
+    assert _ops_called(lambda: layer(grad_x)) == ["mxgemm::linear"]  # autograd records the op
+
+
+def test_the_hot_path_keeps_the_fp16_range_check_of_a_weight_changed_in_place():
+    torch.manual_seed(0)
+    layer = mxgemm.MxLinear.from_linear(torch.nn.Linear(K, N), "mxfp8_e4m3", a_dtype=torch.float16)
+    x = torch.randn(2, K, dtype=torch.float16)
+    with torch.no_grad():
+        layer(x)
+        layer(x)
+        layer.weight_scales[0, 0] = 254  # 2^127: past fp16's range
+        with pytest.raises(ValueError, match="float16"):
             layer(x)

@@ -114,6 +114,11 @@ class Kernel:
                 self._func = load_main(self.path, self.spec.target)
         return self._func
 
+    def loaded(self):
+        """The library's entry function, loaded on first use: called as the kernel is, one Python call
+        fewer."""
+        return self._func or self._load()
+
     def __call__(self, *args: torch.Tensor) -> None:
         (self._func or self._load())(*args)
 
