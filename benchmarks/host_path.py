@@ -63,6 +63,13 @@ def parts(dt: torch.dtype, n: int = 1024, k: int = 4096) -> dict[str, float]:
         "is_current_stream_capturing": per_call(torch.cuda.is_current_stream_capturing),
         "out[:1]": per_call(lambda: out[:1]),
     }
+    if hasattr(kernel, "loaded"):  # (the launcher's own parts: the library function, a fresh output)
+        fn = kernel.loaded()
+        r["loaded(args)"] = per_call(lambda: fn(*args))
+        r["loaded(args, new out)"] = per_call(
+            lambda: fn(*args[:-1], torch.empty((1, n), dtype=dt, device=dev))
+        )
+        r["_cuda_getDevice"] = per_call(torch._C._cuda_getDevice)
     if hasattr(mx, "_hot"):  # (the layer's hot path, `ops.hot_path`: what a repeated eager call runs)
         hot, bufs = mx._hot[x.shape], mx._buffers
         r["hot path"] = per_call(lambda: hot(x, bufs))

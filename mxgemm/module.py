@@ -212,12 +212,32 @@ class MxLinear(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.compiler.is_compiling() and type(x) is torch.Tensor:  # (dynamo: folded away)
-            hot = self._hot.get(x.shape)  # an eager call like an earlier one (`ops.hot_path`)
+        if torch.compiler.is_compiling() or type(x) is not torch.Tensor:  # (dynamo: no guard on `_hot`)
+            return self._forward(x)
+        hot = self._hot.get(x.shape)  # an eager call like an earlier one (`ops.hot_path`)
+        if hot is not None:
+            y = hot(x, self._buffers)
+            if y is not None:
+                return y
+        y = self._forward(x)
+        if x.dtype is self.a_dtype and self.activations is None:
+            if len(self._hot) >= HOT_SHAPES:
+                self._hot.clear()
+            bufs, bias = self._buffers, "bias" if "bias" in self._buffers else None
+            held = {
+                name: bufs[name] for name in [*self._plane_names, "weight_scales", *([bias] if bias else [])]
+            }
+            hot = ops.hot_path(x, held, self._plane_names, bias, *self._kernel_args())
             if hot is not None:
-                y = hot(x, self._buffers)
-                if y is not None:
-                    return y
+                self._hot[x.shape] = hot
+        return y
+
+    def _kernel_args(self) -> tuple[str, int, int, int]:
+        return self.fmt, self.block_size, self.out_features, self.in_features
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The forward call without the hot path: checks, input quantization, the cast to
+        :attr:`a_dtype`, :func:`mxgemm.ops.dispatch`, the cast back."""
         if not x.is_floating_point():
             raise TypeError(f"MxLinear: expected a floating-point input, got {x.dtype}")
         if x.shape[-1] != self.in_features:
@@ -225,18 +245,13 @@ class MxLinear(nn.Module):
         if self.activations is not None:
             x = self._quantize_input(x)
         bufs = self._buffers  # (directly: nn.Module's lookup of a buffer costs more than these checks)
-        args = (self.fmt, self.block_size, self.out_features, self.in_features)
-        a = x if x.dtype is self.a_dtype else x.to(self.a_dtype)
-        bias = bufs["bias"] if "bias" in bufs else self.bias
-        y = ops.dispatch(a, [bufs[name] for name in self._plane_names], bufs["weight_scales"], bias, *args)
-        if a is x and self.activations is None and type(x) is torch.Tensor:
-            if len(self._hot) >= HOT_SHAPES:
-                self._hot.clear()
-            names = [*self._plane_names, "weight_scales"] + ([] if bias is None else ["bias"])
-            held = {name: bufs[name] for name in names}
-            hot = ops.hot_path(x, held, self._plane_names, None if bias is None else "bias", *args)
-            if hot is not None:
-                self._hot[x.shape] = hot
+        y = ops.dispatch(
+            x if x.dtype is self.a_dtype else x.to(self.a_dtype),
+            [bufs[name] for name in self._plane_names],
+            bufs["weight_scales"],
+            bufs["bias"] if "bias" in bufs else self.bias,
+            *self._kernel_args(),
+        )
         return y if y.dtype is x.dtype else y.to(x.dtype)
 
     def __getstate__(self):

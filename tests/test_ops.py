@@ -66,6 +66,20 @@ def test_compiled_equals_eager_bit_for_bit():
         assert torch.equal(compiled(x), layer(x))
 
 
+def test_eager_calls_between_compiled_ones_do_not_recompile():
+    """A layer's hot paths (learnt by eager calls) are no guard of its compiled graph."""
+    layer = _layer()
+    x = torch.randn(4, K, dtype=torch.bfloat16)
+    with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):
+        torch._dynamo.reset()
+        compiled = torch.compile(layer, fullgraph=True)
+        want = compiled(x)
+        for m in (1, 2, 3, 5):
+            layer(torch.randn(m, K, dtype=torch.bfloat16))
+            layer(torch.randn(m, K, dtype=torch.bfloat16))
+        assert torch.equal(compiled(x), want)
+
+
 GPU_M = 3  # rows of the GPU dispatch test (its kernels are prebuilt by tests.prebuild_gpu, set "ops")
 GPU_CASES = [("mxfp4", torch.float16), ("mxfp4", torch.bfloat16), ("mxfp6_e2m3", torch.float16)]
 
