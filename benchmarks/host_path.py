@@ -70,6 +70,16 @@ def parts(dt: torch.dtype, n: int = 1024, k: int = 4096) -> dict[str, float]:
             lambda: fn(*args[:-1], torch.empty((1, n), dtype=dt, device=dev))
         )
         r["_cuda_getDevice"] = per_call(torch._C._cuda_getDevice)
+
+        def alloc_only():
+            torch.empty((1, n), dtype=dt, device=dev)
+            fn(*args)
+
+        r["torch.empty, then loaded(args)"] = per_call(alloc_only)
+        r["torch: out.zero_()"] = per_call(out.zero_)  # (what torch's own ops pay for the same)
+        r["torch: torch.empty().zero_()"] = per_call(
+            lambda: torch.empty((1, n), dtype=dt, device=dev).zero_()
+        )
     if hasattr(mx, "_hot"):  # (the layer's hot path, `ops.hot_path`: what a repeated eager call runs)
         hot, bufs = mx._hot[x.shape], mx._buffers
         r["hot path"] = per_call(lambda: hot(x, bufs))

@@ -92,6 +92,8 @@ def test_gpu_eager_op_compiled_and_graph_give_the_same_bits(fmt, dtype):
     x = torch.randn(GPU_M, K, device="cuda", dtype=dtype)
     with torch.no_grad():
         eager = layer(x)
+        assert x.shape in layer._hot  # the next calls of this shape take the hot path
+        assert torch.equal(layer(x), eager)
         args = (x, layer.planes, layer.weight_scales, layer.bias, layer.fmt, layer.block_size, N, K)
         assert torch.equal(eager, torch.ops.mxgemm.linear(*args))
         assert torch.equal(torch.compile(layer, fullgraph=True)(x), eager)
