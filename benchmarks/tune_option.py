@@ -10,7 +10,9 @@ alike, as the 8-bit ones: a tile tuned for one fits the other). With ``--near``,
 every candidate of its rule one field away from it (a local search after a change to the kernels
 themselves, as a faster decode, that may move the best hints a step). With ``--adjacent``, the record
 against the records of the M buckets just below and above it (a tile tuned for 64 rows, two tiles at
-128; hints the tuner's sample may have missed).
+128; hints the tuner's sample may have missed). With ``--resplit``, a ``wgmma_w`` record against
+itself with K split 1, 2 (also in a cluster), 4 or 8 ways, stream-K off (the tuner samples a few
+hundred of the rule's ~30000 candidates a task).
 
     python benchmarks/tune_option.py DIR --option pdl=2 [--rule mma --formats mxfp4 --dtypes float16
         --m 1,4,16 --shapes 4096,4096]
@@ -18,6 +20,7 @@ against the records of the M buckets just below and above it (a tile tuned for 6
     python benchmarks/tune_option.py DIR --like mxfp8_e4m3 --formats mxfp8_e5m2,mxint8 --m 1,16,128
     python benchmarks/tune_option.py DIR --near --dtypes float16 --m 32,64,128
     python benchmarks/tune_option.py DIR --adjacent --m 32,64,128,256
+    python benchmarks/tune_option.py DIR --resplit --m 128,256
 """
 
 from __future__ import annotations
@@ -109,6 +112,23 @@ def adjacent(task: tune.Task) -> list[tuple[str, dict]]:
     return [(name, h.to_dict()) for name, h in out] if len(out) > len(mine) else []
 
 
+def resplit(task: tune.Task) -> list[tuple[str, dict]]:
+    """The log's ``wgmma_w`` record for ``task`` and it with K split otherwise: every split count the
+    rule offers at the record's M tile (2: also in a cluster), stream-K off, warp 0 or a producer
+    warpgroup refilling the ring (none where the record is another rule's or nothing differs)."""
+    rule = rules.get("wgmma_w")
+    recorded = tune._recorded(task, rule)  # noqa: SLF001
+    if recorded is None:
+        return []
+    offered, out = set(rule.candidates(task.spec())), [recorded]
+    for splits in (1, 2, 4, 8):
+        for cluster in (0, 1) if splits == 2 else (0,):
+            for prod in (1, 2):
+                h = replaced(recorded, sk=0, splits=splits, cluster=cluster, prod=prod)
+                out += [h] if h in offered and h not in out else []
+    return [(rule.name, h.to_dict()) for h in out] if len(out) > 1 else []
+
+
 def main() -> None:
     ap = rounds.arguments(__doc__, "32,64,128,256", (*rounds.SHAPES, (1024, 4096)))
     how = ap.add_mutually_exclusive_group(required=True)
@@ -119,6 +139,7 @@ def main() -> None:
     how.add_argument(
         "--adjacent", action="store_true", help="the record and the records of the buckets beside"
     )
+    how.add_argument("--resplit", action="store_true", help="the record and it with K split otherwise")
     ap.add_argument("--rule", default="wgmma_w")
     a = ap.parse_args()
     rule = rules.get(a.rule)
@@ -130,6 +151,9 @@ def main() -> None:
         return
     if a.adjacent:
         rounds.build(a, adjacent)
+        return
+    if a.resplit:
+        rounds.build(a, resplit)
         return
     if a.twin:
         rounds.build(a, lambda task: twins(task, a.twin, rule))
