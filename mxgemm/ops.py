@@ -376,8 +376,11 @@ def hot_path(
     the checks whose outcome can change between them: the tensors still ``buffers``'s and unmodified
     (so the fp16 range check still holds), ``$MXGEMM_BACKEND`` and the kernels unchanged
     (:func:`clear_kernels`), and an eager call (:func:`_eager`). It returns None where one fails: the
-    caller then takes the full path. None where this call is not such an eager call."""
+    caller then takes the full path. None where this call is not such an eager call, or ran under
+    CUDA-graph capture (where the fp16 range check of a weight not yet checked is deferred)."""
     if not (_eager(x) and x.is_contiguous() and n and k and x.numel()):
+        return None
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
         return None
     m, shape, dtype, index, env, epoch = (
         x.numel() // k,

@@ -105,8 +105,11 @@ def test_gpu_eager_op_compiled_and_graph_give_the_same_bits(fmt, dtype):
         assert torch.equal(on_side, eager)
         static_x = x.clone()
         g = torch.cuda.CUDAGraph()
+        fresh = copy.deepcopy(layer)  # (its first call captured: no hot path learnt there)
         with torch.cuda.graph(g):
             static_y = layer(static_x)
+            fresh(static_x)
+        assert fresh._hot == {}
         x2 = torch.randn(GPU_M, K, device="cuda", dtype=dtype)
         static_x.copy_(x2)
         g.replay()
