@@ -346,12 +346,18 @@ def _forward(
         return x.new_empty(*x.shape[:-1], n)
     if x.dtype is torch.float16:
         _check_fp16_once(planes, scales, fmt, block_size, n, k)
-    key = (m, x.device, x.dtype, fmt, n, k, bias is not None, block_size, _backend_env())
+    key = _signature(m, x, fmt, n, k, bias is not None, block_size, _backend_env())
     run = _launchers.get(key)
     if run is None:
         run = _launchers[key] = _launcher(key)
     out = run(x2, planes, scales, bias)
     return out if flat else out.reshape(*x.shape[:-1], n)
+
+
+def _signature(m: int, x: torch.Tensor, fmt: str, n: int, k: int, bias: bool, block_size: int, env) -> tuple:
+    """The key of a call of ``m`` rows of ``x``'s device and dtype in :data:`_routes` and
+    :data:`_launchers` (``env``: :func:`_backend_env`)."""
+    return (m, x.device, x.dtype, fmt, n, k, bias, block_size, env)
 
 
 def _backend_env() -> str | bytes | None:
@@ -390,7 +396,7 @@ def hot_path(
         _backend_env(),
         _epoch[0],
     )
-    run = _launchers.get((m, x.device, dtype, fmt, n, k, bias_name is not None, block_size, env))
+    run = _launchers.get(_signature(m, x, fmt, n, k, bias_name is not None, block_size, env))
     if run is None:
         return None
     planes, scales = [held[p] for p in plane_names], held["weight_scales"]
@@ -405,10 +411,8 @@ def hot_path(
             or x.get_device() != index
             or not x.is_contiguous()
             or _epoch[0] != epoch
-            or (x.requires_grad and torch.is_grad_enabled())
-            or torch._C._len_torch_dispatch_stack()
-            or torch._C._is_torch_function_mode_enabled()
             or _backend_env() != env
+            or not _eager(x)
         ):
             return None
         for name, t, version in state:
