@@ -404,6 +404,8 @@ def hot_path(
     state = [(name, t, t._version) for name, t in held.items()]
     out_shape = (*shape[:-1], n)
     flat = x.dim() == 2
+    if getattr(run, "takes_like", False):  # a CUDA kernel's launcher: its output made like a template
+        run = functools.partial(run, like=_like(m, n, dtype, x.device))
 
     def hot(x: torch.Tensor, buffers: dict[str, torch.Tensor]) -> torch.Tensor | None:
         if (
@@ -436,8 +438,8 @@ def _launcher(key: tuple):
         return functools.partial(_run_route, route, fmt=fmt, block_size=block_size, n=n, k=k)
     index, kernel, current = dev.index, route.loaded(), torch._C._cuda_getDevice
 
-    def run(x2, planes, scales, bias):
-        out = torch.empty((m, n), dtype=dtype, device=dev)
+    def run(x2, planes, scales, bias, like=None):
+        out = torch.empty((m, n), dtype=dtype, device=dev) if like is None else torch.empty_like(like)
         args = (x2, *planes, scales, out) if bias is None else (x2, *planes, scales, bias.contiguous(), out)
         if current() == index:
             kernel(*args)
@@ -446,7 +448,20 @@ def _launcher(key: tuple):
                 kernel(*args)
         return out
 
+    run.takes_like = True
     return run
+
+
+def _like(m: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A 1-element tensor of ``dtype`` on ``device`` (one a pair, made at the first call) expanded to
+    ``[m, n]``: ``torch.empty_like`` of it is a contiguous ``[m, n]`` tensor with no size, dtype or
+    device arguments to parse (3.4 against 6.0 us a call for ``torch.empty`` on an H200's host). Made
+    by :func:`hot_path` in an eager call, never under CUDA-graph capture (nor, so, in a graph's
+    memory pool)."""
+    one = _ones.get((device, dtype))
+    if one is None:
+        one = _ones[device, dtype] = torch.empty((1, 1), dtype=dtype, device=device)
+    return one.expand(m, n)
 
 
 def _run_route(route, x2, planes, scales, bias, *, fmt, block_size, n, k) -> torch.Tensor:
@@ -489,6 +504,7 @@ def _run(kernel, x2, planes, scales, bias, fmt, block_size, n, k, out=None) -> t
 
 _routes: dict[tuple, object] = {}  # (m, device, dtype, fmt, n, k, bias, block, backend) -> kernel
 _launchers: dict[tuple, object] = {}  # the same keys -> the function that runs a call (`_launcher`)
+_ones: dict[tuple, torch.Tensor] = {}  # (device, dtype) -> the hot path's output template (`_like`)
 _EMULATED = object()  # the route of $MXGEMM_BACKEND=emulated
 _epoch = [0]  # how many times `clear_kernels` ran
 

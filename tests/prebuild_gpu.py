@@ -1,7 +1,7 @@
 """Build the CUDA kernels of the GPU tests here (no GPU needed) into $MXGEMM_CACHE_DIR, so a GPU box with
 only the TVM runtime can run them: ``MXGEMM_CACHE_DIR=DIR python -m tests.prebuild_gpu sm_90 [JOBS [SETS]]``
 with SETS a comma list of linear, ops, rules, xs, fold, act, module, minilm, wgmma, split, decode,
-frag (default: all; xs and fold are part of rules; wgmma, decode and frag: sm_90 only)."""
+frag, stab (default: all; xs and fold are part of rules; wgmma, decode, frag and stab: sm_90 only)."""
 
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -152,6 +152,13 @@ def decode_cases(arch):
     yield from (test_mma_decode.PREBUILD if arch == "sm_90" else ())
 
 
+def stab_cases(arch):
+    """tests.test_mma_stab's GPU tests: the mma kernels with and without the scale table (Hopper only)."""
+    from tests import test_mma_stab
+
+    yield from (test_mma_stab.PREBUILD if arch == "sm_90" else ())
+
+
 def frag_cases(arch):
     """tests.test_mma_frag's GPU tests: the mma kernels reading codes in fragment order (Hopper only)."""
     from tests import test_mma_frag
@@ -193,6 +200,7 @@ SETS = {
     "split": split_cases,
     "decode": decode_cases,
     "frag": frag_cases,
+    "stab": stab_cases,
 }
 
 

@@ -17,12 +17,13 @@ import pytest
 import torch
 
 import mxgemm
-from mxgemm import formats, layout, reference
+from mxgemm import formats, reference
 from mxgemm.codegen import build as builder
 from mxgemm.codegen import mma, pairs
 from mxgemm.codegen import target as targets
 from mxgemm.rules import mma as mma_rule
 from tests import ptxas
+from tests.hopper import hopper, run_mma
 
 N, K = 512, 2048  # (8 warps splitting K take 8 steps each: one ring iteration)
 # (hints with quad, M bucket, rows)
@@ -150,20 +151,9 @@ def test_quad_and_the_plain_decode_issue_the_same_ops(tmp_path):
 
 # ---- on a Hopper GPU -------------------------------------------------------------------------------
 
-hopper = pytest.mark.skipif(
-    not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
-    reason="needs a Hopper GPU",
-)
-
 
 def _run(hints: mma.Hints, m_bucket: int, x: torch.Tensor, q, fmt: str = "mxfp4") -> torch.Tensor:
-    dt = str(x.dtype).removeprefix("torch.")
-    k = mxgemm.build(
-        fmt, n=N, k=K, m_bucket=m_bucket, target="sm_90", hints=hints.to_dict(), rule="mma", a_dtype=dt
-    )
-    y = torch.empty(x.shape[0], N, dtype=x.dtype, device="cuda")
-    builder.launch(k, [x, *layout.to_planes(q.blocks, formats.get(fmt).bits), q.scales, y])
-    return y
+    return run_mma(hints, m_bucket, x, q, fmt, N, K)
 
 
 @pytest.mark.gpu

@@ -17,6 +17,7 @@ import torch
 from mxgemm import formats, layout, reference
 from mxgemm.codegen import mma
 from tests import ptxas
+from tests.hopper import hopper
 from tests.test_wgmma_w import _dequant
 
 # (hints, M tile, rows): the ring at one row with PDL, two blocks an SM; the register pipeline (the
@@ -91,10 +92,6 @@ def test_ptxas_spills_nothing(tmp_path, hints, m_tile, rows):
 
 # ---- on a Hopper GPU -------------------------------------------------------------------------------
 
-hopper = pytest.mark.skipif(
-    not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
-    reason="needs a Hopper GPU",
-)
 # the kernels of the GPU tests, (fmt, dtype, hints, M tile), for tests.prebuild_gpu
 PREBUILD = [(f, dt, h, m) for f, dt in FORMATS for h, m, _ in CASES]
 

@@ -93,7 +93,9 @@ def test_gpu_eager_op_compiled_and_graph_give_the_same_bits(fmt, dtype):
     with torch.no_grad():
         eager = layer(x)
         assert x.shape in layer._hot  # the next calls of this shape take the hot path
-        assert torch.equal(layer(x), eager)
+        hot, again = layer(x), layer(x)  # each a fresh contiguous output (empty_like of a template)
+        assert torch.equal(hot, eager) and torch.equal(again, eager) and hot.data_ptr() != again.data_ptr()
+        assert again.is_contiguous() and again.shape == eager.shape and again.dtype == eager.dtype
         args = (x, layer.planes, layer.weight_scales, layer.bias, layer.fmt, layer.block_size, N, K)
         assert torch.equal(eager, torch.ops.mxgemm.linear(*args))
         assert torch.equal(torch.compile(layer, fullgraph=True)(x), eager)
@@ -168,6 +170,19 @@ def test_a_repeated_eager_call_takes_the_hot_path_with_the_same_bits(shape, monk
         assert len(calls) == 1
         args = (x, layer.planes, layer.weight_scales, layer.bias, layer.fmt, layer.block_size, N, K)
         assert torch.equal(torch.ops.mxgemm.linear(*args), first)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_hot_paths_output_template_makes_fresh_contiguous_outputs(dtype):
+    """``torch.empty_like`` of :func:`ops._like`'s expanded 1-element tensor: a new contiguous
+    ``[m, n]`` tensor of the dtype each time (what a CUDA launcher's hot path allocates its output
+    as), the template shared by every shape."""
+    like = ops._like(3, 40, dtype, torch.device("cpu"))
+    a, b = torch.empty_like(like), torch.empty_like(like)
+    assert a.shape == (3, 40) and a.dtype == dtype and a.is_contiguous() and a.stride() == (40, 1)
+    assert a.data_ptr() != b.data_ptr() and a.untyped_storage().nbytes() == 3 * 40 * a.element_size()
+    other = ops._like(7, 5, dtype, torch.device("cpu"))
+    assert other.untyped_storage().data_ptr() == like.untyped_storage().data_ptr()
 
 
 def test_the_hot_path_gives_way_where_the_weights_the_input_or_the_backend_changed(monkeypatch):

@@ -14,6 +14,7 @@ import mxgemm
 from mxgemm import reference
 from mxgemm.codegen import wgmma_mx
 from tests import oracle, ptxas
+from tests.hopper import hopper
 
 SPEC = oracle.SPECS["mxfp8_e4m3"]
 
@@ -101,10 +102,6 @@ def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, hints):
 
 # ---- on a Hopper GPU ----------------------------------------------------------------------------------
 
-hopper = pytest.mark.skipif(
-    not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
-    reason="needs a Hopper GPU",
-)
 GPU_SHAPES = [(300, 256, 1024), (1, 128, 128), (37, 192, 256)]  # (M, N, K): N=192 takes 64-column tiles
 OUT_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # the kernels of the GPU tests, (N, K, out dtype, bias), for tests.prebuild_gpu

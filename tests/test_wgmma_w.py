@@ -21,6 +21,7 @@ from mxgemm.codegen import build as builder
 from mxgemm.codegen import target as targets
 from mxgemm.codegen import wgmma_w
 from tests import oracle, ptxas
+from tests.hopper import hopper
 from tests.linear_cases import chain_replays_eagerly
 
 
@@ -494,10 +495,6 @@ LINEAR_512 = ("mxfp4", 512, 1024, 512, CLUSTER_WIDE)
 LINEARS = (LINEAR, LINEAR_384, LINEAR_32, LINEAR_CLUSTER, LINEAR_512)
 # the rows test_gpu_linear_runs_the_records_kernel calls each with
 ROWS = {128: 100, 384: 300, 32: 20, 512: 400}
-hopper = pytest.mark.skipif(
-    not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
-    reason="needs a Hopper GPU",
-)
 
 
 def _run(fmt, x, q, dtype, hints, bias=None):

@@ -110,7 +110,11 @@ class Hints:
     :func:`~mxgemm.codegen.pairs.cvt_supported`, no ``fold``) for each pair by one
     ``cvt.rn.f16x2`` of the two codes (:func:`~mxgemm.codegen.pairs.cvt_pair`; bf16: then widened,
     two ``cvt`` and a ``prmt``) instead of a byte permute and shifts and masks: the same products,
-    and e4m3's NaN codes NaN."""
+    and e4m3's NaN codes NaN; stab: 1 (a ring) for the steps' scaling cut to what the outputs need:
+    a slot's block scales made floats once, each lane one word of 4 codes, into a table in shared
+    memory that the lanes read 4 steps at a time (the 4 lanes of a quad hold the same rows, so
+    without it each makes the same ``2**(c-127)``: 3 integer ops a row and step), and at one row (the
+    M bucket 1) only the fragment's stored column scaled into the accumulator."""
 
     nt: int = 4
     kw: int = 4
@@ -127,6 +131,7 @@ class Hints:
     minb: int = 0
     quad: int = 0
     cvt: int = 0
+    stab: int = 0
 
     def __post_init__(self) -> None:
         ok = self.nt in (1, 2, 4, 8) and self.kw in (1, 2, 4, 8) and self.stages in (0, 2, 3, 4)
@@ -139,6 +144,7 @@ class Hints:
         ok = ok and self.occ in (range(9) if self.stages else (0,))
         ok = ok and 0 <= self.minb and self.minb * 32 * self.kw * self.kn * self.mw <= 2048
         ok = ok and self.quad in (0, 1) and self.cvt in ((0, 1) if not self.fold else (0,))
+        ok = ok and self.stab in ((0, 1) if self.stages else (0,))
         if not ok:
             raise ValueError(f"mma hints out of range: {self}")
 
@@ -168,14 +174,20 @@ def _slot_bytes(h: Hints, bits: int, m_tile: int) -> int:
     return h.kn * (codes + scales) + acts
 
 
+def _table_bytes(h: Hints) -> int:
+    """The float scales of a slot (``stab``): each warp's 16 rows × ``unroll`` steps per tile."""
+    return h.kw * h.kn * h.mw * h.nt * 16 * h.unroll * 4 if h.stab else 0
+
+
 def smem_bytes(h: Hints, m_tile: int, bits: int = 8) -> tuple[int, int]:
     """(static, dynamic) shared memory of a block. The register pipeline: the cross-warp sum,
-    static. A ring: ``stages`` slots per group for ``bits``-wide codes, dynamic; the sum reuses it
-    after the loop."""
+    static. A ring: ``stages`` slots per group for ``bits``-wide codes, then (``stab``) the scale
+    tables, dynamic; the sum reuses it after the loop."""
     red = _red_bytes(h, m_tile)
     if not h.stages:
         return red, 0
-    return 0, max(red, h.kw * h.stages * _slot_bytes(h, bits, m_tile), occ_bytes(h.occ))
+    ring = h.kw * h.stages * _slot_bytes(h, bits, m_tile) + _table_bytes(h)
+    return 0, max(red, ring, occ_bytes(h.occ))
 
 
 def occ_bytes(occ: int) -> int:
@@ -373,9 +385,10 @@ class _Kernel:
             for e in range(4):
                 T.buffer_store(self.tmp, tirx.const(0.0, "float32"), [t, a, e])
             self.mma_pair(t, a, self.tmp)
+        one = h.stab and self.m_tile == 1  # column 2j + 1 of the fragment is never row 0
         for t, r in itertools.product(range(h.nt), range(2)):
             sc = scale(t, r)
-            for a, e in itertools.product(range(xt_n), (2 * r, 2 * r + 1)):
+            for a, e in itertools.product(range(xt_n), (2 * r,) if one else (2 * r, 2 * r + 1)):
                 prod = tirx.BufferLoad(self.acc, [t, a, e]) + tirx.BufferLoad(self.tmp, [t, a, e]) * sc
                 T.buffer_store(self.acc, prod, [t, a, e])
 
@@ -565,7 +578,8 @@ class _Kernel:
         # the cross-warp sum reuses the ring after the loop (one dynamic allocation, so a block over
         # 48 KB always gets the opt-in: static + dynamic bytes must not pass 48 KB without it)
         red16 = -(-_red_bytes(h, self.m_tile) // 16)
-        units = max(h.kw * h.stages * self.slot16, red16)
+        self.t_off = h.kw * h.stages * self.slot16  # the scale tables (``stab``), after the slots
+        units = max(self.t_off + _table_bytes(h) // 16, red16)
         if h.occ:  # (smem_bytes)
             units = max(units, occ_bytes(h.occ) // 16)
         self.ring = T.alloc_buffer((units,), "uint32x4", scope="shared.dyn")
@@ -587,6 +601,7 @@ class _Kernel:
         nb = h.unroll if ahead else 2
         wreg = T.alloc_buffer((nb, h.nt, 2, len(self.widths), self.words), "uint32", scope="local")
         sreg = T.alloc_buffer((h.nt, 2, h.unroll // 4), "uint32", scope="local")
+        treg = T.alloc_buffer((h.nt, 2, 4), "uint32", scope="local") if h.stab else None
         xreg = self._zeroed((nb, self.xt_n, 4)) if self.pipe_x and not h.xs else None
         xcur = None if self.pipe_x else self._zeroed((h.unroll, self.xt_n, 4))
         if self.fold is None:
@@ -613,6 +628,8 @@ class _Kernel:
             self.read_steps(slot, range(h.unroll) if ahead else [0], wreg, xreg, sreg)
             for q in range(0 if fold else h.unroll // 4):  # folded: no NaN code (the prologue)
                 self.flag_nan(lambda t, r, q=q: tirx.BufferLoad(sreg, [t, r, q]))
+            if h.stab and not fold:
+                self.scale_table(slot)
             for ur in range(h.unroll):
                 if not ahead and ur + 1 < h.unroll:
                     self.read_steps(slot, [ur + 1], wreg, xreg)
@@ -624,7 +641,12 @@ class _Kernel:
                     self.set_x(xcur, ur)
 
                 def scale(t, r, ur=ur):  # code 255: +inf, made NaN by the flag
+                    if h.stab:
+                        return tirx.reinterpret("float32", tirx.BufferLoad(treg, [t, r, ur % 4]))
                     return scale_exponent(tirx.BufferLoad(sreg, [t, r, ur // 4]), ur % 4)
+
+                if h.stab and not fold and ur % 4 == 0:
+                    self.read_table(treg, ur)
 
                 def factor(t, r, ur=ur):
                     code = tirx.BufferLoad(sreg, [t, r, ur // 4]) >> u32(8 * (ur % 4)) & u32(255)
@@ -633,6 +655,47 @@ class _Kernel:
                 word = lambda t, r, p, i, b=ur % nb: tirx.BufferLoad(wreg, [b, t, r, p, i])  # noqa: E731
                 read_x = (lambda a, ur=ur: self.read_x(slot, ur, a)) if h.xs else None
                 self.step(word, scale, read_x, factor if fold else None)
+
+    def _table(self, byte):
+        """The shared-state address of byte ``byte`` of this warp's scale table (``stab``: float32
+        ``[nt * 16 rows, unroll]``)."""
+        T, h = self.T, self.h
+        warp = self.ty * (h.kn * h.mw) + self.tz
+        unit = self.t_off + warp * (h.nt * h.unroll * 4) + byte // 16
+        addr = T.cuda.cvta_generic_to_shared(T.address_of(self.ring[unit]))
+        rem = byte % 16
+        return addr if isinstance(rem, int) and rem == 0 else addr + tirx.Cast("uint32", rem)
+
+    def scale_table(self, slot) -> None:
+        """The warp's block scales of ring slot ``slot`` as floats (``2**(c-127)``, code 255 +inf) into
+        its table: lane ``l`` converts scale word ``l`` (+32 ...), 4 steps of a row; then a warp
+        barrier (the barrier at the next iteration's top keeps the table until every lane read it)."""
+        T, h = self.T, self.h
+        words = h.nt * 16 * h.unroll // 4
+        word = self.T.alloc_buffer((1,), "uint32", scope="local")
+
+        def convert(wi):
+            T.evaluate(T.ptx.ld.shared.b32(word[0], self._smem(slot, self.s_off + 4 * wi)))
+            bits = [tirx.reinterpret("uint32", scale_exponent(word[0], b)) for b in range(4)]
+            T.evaluate(T.ptx.st.shared.v4.b32(self._table(16 * wi), *bits))
+
+        for i in range(-(-words // 32)):
+            if words % 32 == 0:
+                convert(self.tx + 32 * i)
+                continue
+            with T.If(self.tx + 32 * i < words):
+                with T.Then():
+                    convert(self.tx + 32 * i)
+        T.evaluate(T.ptx.bar.warp.sync(u32(0xFFFFFFFF)))
+
+    def read_table(self, treg, ur) -> None:
+        """This lane's rows' float scales of steps ``ur .. ur + 3`` from the warp's table into
+        ``treg`` (uint32 bits)."""
+        T, h = self.T, self.h
+        for t, r in itertools.product(range(h.nt), range(2)):
+            row = t * 16 + self.quad + 8 * r
+            dst = [treg[t, r, q] for q in range(4)]
+            T.evaluate(T.ptx.ld.shared.v4.b32(*dst, self._table((row * h.unroll + ur) * 4)))
 
     def fold_prologue(self) -> None:
         """Whether this warp's block scales fold (:class:`~mxgemm.codegen.pairs.Fold`): each lane

@@ -106,7 +106,10 @@ class Mma(Rule):
             cands += [dataclasses.replace(h, cvt=1) for h in cands if not (h.shl or h.fold)]
         sms, sm_smem = targets.sm_count(spec.target["arch"]), min(SM_SMEM, ring + 1024)
         waves = ((h, one_wave(h, spec.n, spec.m_bucket, f.bits, sms, sm_smem)) for h in cands if h.stages)
-        return cands + [dataclasses.replace(h, minb=b) for h, b in waves if b]
+        cands += [dataclasses.replace(h, minb=b) for h, b in waves if b]
+        # the scale table's bytes can take a candidate past the ring's shared memory
+        tables = (dataclasses.replace(h, stab=1) for h in cands if h.stages)
+        return cands + [h for h in tables if smem_fits(h, spec.m_bucket, f.bits, ring)]
 
     def cost(self, spec: Any, h: Hints) -> float:
         """≈ 24 KB of weight loads in flight per SM (Little's law at HBM3 latency), the cross-warp
@@ -141,7 +144,7 @@ class Mma(Rule):
         if not hints.stages:  # (a ring's options)
             return []
         options = [dict(pdl=2)] if hints.pdl == 1 else []
-        options += [dict(fold=1), dict(quad=1, shl=0), dict(cvt=1, shl=0)]
+        options += [dict(fold=1), dict(quad=1, shl=0), dict(cvt=1, shl=0), dict(stab=1)]
         twins = [replaced(hints, **o) for o in options]
         cands = self.candidates(spec)
         twins += [h for h in cands if h.minb and dataclasses.replace(h, minb=0) == hints]
