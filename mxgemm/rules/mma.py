@@ -139,8 +139,8 @@ class Mma(Rule):
     def twins(self, spec: Any, hints: Hints) -> list[Hints]:
         """``hints`` letting the next kernel in after its wait (``pdl`` 2, where it has 1), with the
         block scales folded (``fold``), decoding four pairs a word (``quad``) or a pair by one ``cvt``
-        (``cvt``) and compiled to run its grid as one wave (``minb``, :func:`one_wave`), where those
-        are candidates."""
+        (``cvt``), making its block scales floats once a slot (``stab``) and compiled to run its grid
+        as one wave (``minb``, :func:`one_wave`), where those are candidates."""
         if not hints.stages:  # (a ring's options)
             return []
         options = [dict(pdl=2)] if hints.pdl == 1 else []
