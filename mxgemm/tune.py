@@ -170,7 +170,7 @@ def _fp16_twin(task: Task, rule) -> Any:
     if task.a_dtype != "bfloat16":
         return None
     fp16 = _recorded(replace(task, a_dtype="float16"), rule)
-    return None if fp16 is None else rule.typed(tunelog.for_bf16(rule.name, fp16.to_dict()))
+    return None if fp16 is None else rule.typed(fp16.to_dict())
 
 
 def _recorded(task: Task, rule) -> Any:

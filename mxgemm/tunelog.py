@@ -18,7 +18,7 @@ import math
 import os
 import tempfile
 import warnings
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -205,15 +205,6 @@ def user_log(arch: str) -> Path:
 # rules whose records hold for fp16 and bf16 alike: mma's and wgmma_w's hints shape both kernels alike; a
 # dequant record (decode + cuBLAS beat the fused kernels) times the same decode and a GEMM of the same speed
 SHARED_ACROSS_DTYPES = ("mma", "wgmma_w", "dequant")
-# hints of those rules that exist for fp16 activations alone (the fp4 four-pairs decode): a bf16 layer
-# that borrows an fp16 record runs its kernel without them
-FP16_ONLY = {"mma": ("quad",)}
-
-
-def for_bf16(rule: str, config: dict[str, Any]) -> dict[str, Any]:
-    """The hints ``config`` of an fp16 record of ``rule`` as a bf16 layer runs them: its fp16-only
-    options (:data:`FP16_ONLY`) off."""
-    return {**config, **{name: 0 for name in FP16_ONLY.get(rule, ()) if name in config}}
 
 
 def lookup(key: tuple, versions: dict[str, str | None], paths: list[Path] | None = None) -> Record | None:
@@ -230,7 +221,7 @@ def lookup(key: tuple, versions: dict[str, str | None], paths: list[Path] | None
     if found is None and key[at] == "bfloat16":
         twin = _fastest((*key[:at], "float16", *key[at + 1 :]), versions, paths)
         if twin is not None and twin.rule in SHARED_ACROSS_DTYPES:
-            found = replace(twin, config=for_bf16(twin.rule, twin.config))
+            found = twin
     return found
 
 

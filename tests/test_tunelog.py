@@ -71,17 +71,15 @@ def test_bf16_borrows_the_fp16_mma_record_and_nothing_else(tmp_path):
     assert tunelog.lookup(bf16.key(), V1, [p]).config == {"nt": 4}
 
 
-def test_bf16_borrows_an_fp16_record_without_its_fp16_only_hints(tmp_path):
-    """``quad`` (fp4 four pairs a word) exists for fp16 alone: a bf16 key that borrows such an fp16
-    record gets it off, the rest of its hints kept (``cvt`` included: fp8 pairs convert in both)."""
+def test_bf16_borrows_an_fp16_record_with_its_hints(tmp_path):
+    """A bf16 key without a record of its own borrows the fp16 record of a rule whose hints shape both
+    kernels alike, every hint kept (``cvt`` included: fp8 pairs convert in both)."""
     import dataclasses
 
     p = tmp_path / "sm_90.json"
-    tunelog.merge(
-        p, [rec(20.0, rule="mma", nt=2, quad=1, cvt=0), rec(9.0, n=8192, rule="wgmma_w", mt=64, cvt=1)], V1
-    )
+    tunelog.merge(p, [rec(20.0, rule="mma", nt=2, cvt=0), rec(9.0, n=8192, rule="wgmma_w", mt=64, cvt=1)], V1)
     bf16 = dataclasses.replace(rec(1), a_dtype="bfloat16")
-    assert tunelog.lookup(bf16.key(), V1, [p]).config == {"nt": 2, "quad": 0, "cvt": 0}
+    assert tunelog.lookup(bf16.key(), V1, [p]).config == {"nt": 2, "cvt": 0}
     assert tunelog.lookup(dataclasses.replace(bf16, n=8192).key(), V1, [p]).config == {"mt": 64, "cvt": 1}
 
 

@@ -103,10 +103,7 @@ class Hints:
     launched early (``pdl``) in beside its own; minb: 0, or the blocks an SM the kernel is compiled to
     hold (``__launch_bounds__``' minimum: ptxas keeps a thread's registers within 64K / (minb ×
     threads)), so a grid a little over what fits an SM's registers runs as one wave instead of a full
-    wave and a thin tail (:func:`mxgemm.rules.mma.one_wave`); quad: 1 (fp4 codes into fp16, where
-    :func:`~mxgemm.codegen.pairs.quad_supported`) for a word's four pairs decoded at once
-    (:func:`~mxgemm.codegen.pairs.decode_quad`: now the same pairs as the plain decode, kept for the
-    records that name it), ``shl`` then moot; cvt: 1 (8-bit float codes,
+    wave and a thin tail (:func:`mxgemm.rules.mma.one_wave`); cvt: 1 (8-bit float codes,
     :func:`~mxgemm.codegen.pairs.cvt_supported`, no ``fold``) for each pair by one
     ``cvt.rn.f16x2`` of the two codes (:func:`~mxgemm.codegen.pairs.cvt_pair`; bf16: then widened,
     two ``cvt`` and a ``prmt``) instead of a byte permute and shifts and masks: the same products,
@@ -129,7 +126,6 @@ class Hints:
     frag: int = 0
     occ: int = 0
     minb: int = 0
-    quad: int = 0
     cvt: int = 0
     stab: int = 0
 
@@ -143,7 +139,7 @@ class Hints:
         ok = ok and self.fold in ((0, 1) if self.stages else (0,)) and self.frag in (0, 1)
         ok = ok and self.occ in (range(9) if self.stages else (0,))
         ok = ok and 0 <= self.minb and self.minb * 32 * self.kw * self.kn * self.mw <= 2048
-        ok = ok and self.quad in (0, 1) and self.cvt in ((0, 1) if not self.fold else (0,))
+        ok = ok and self.cvt in ((0, 1) if not self.fold else (0,))
         ok = ok and self.stab in ((0, 1) if self.stages else (0,))
         if not ok:
             raise ValueError(f"mma hints out of range: {self}")
@@ -253,10 +249,6 @@ class _Kernel:
         self.fold = pairs.fold(fmt, a_dtype) if h.fold else None
         if h.cvt and not pairs.cvt_supported(fmt, a_dtype):
             raise ValueError(f"mma hints {h}: {fmt.name} codes in {a_dtype} take no cvt of fp8 pairs")
-        if h.quad and not pairs.quad_supported(fmt, a_dtype):
-            raise ValueError(
-                f"mma hints {h}: {fmt.name} codes in {a_dtype} are not decoded four pairs a word"
-            )
         if h.fold and self.fold is None:
             raise ValueError(f"mma hints {h}: {fmt.name} pairs in {a_dtype} take no folded scale")
 
@@ -352,8 +344,6 @@ class _Kernel:
             fac = T.alloc_buffer((h.nt, 2), "uint32", scope="local")
             for t, r in itertools.product(range(h.nt), range(2)):
                 T.buffer_store(fac, factor(t, r), [t, r])
-        rows = itertools.product(range(h.nt), range(2))
-        quads = {(t, r): pairs.decode_quad(self.fmt, word(t, r, 0, 0)) for t, r in rows} if h.quad else {}
         for t, g, q in itertools.product(range(h.nt), range(2), range(4)):
             # a0..a3: rows quad / quad+8 × codes (4g, 4g+1) / (4g+2, 4g+3)
             wd = lambda p, i, t=t, r=q % 2: word(t, r, p, i)  # noqa: E731
@@ -361,11 +351,7 @@ class _Kernel:
             if h.cvt:  # codes 2p, 2p+1 (p = 2g + q // 2): 16-bit half p % 2 of word p // 2
                 pairs.cvt_pair(T, self.fmt, a, word(t, q % 2, 0, g), q // 2, self.a_dtype)
                 continue
-            pair = (
-                quads[t, q % 2][2 * g + q // 2]
-                if h.quad
-                else pairs.decode_pair(self.fmt, wd, 2 * g + q // 2, left=bool(h.shl), dtype=self.a_dtype)
-            )
+            pair = pairs.decode_pair(self.fmt, wd, 2 * g + q // 2, left=bool(h.shl), dtype=self.a_dtype)
             T.buffer_store(self.afr, pair, [t, g, q])
             if factor is None and self.fma is not None:
                 T.evaluate(T.ptx.fma.rn.bf16x2(a, *self.fma.operands(a)))

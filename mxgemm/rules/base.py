@@ -47,6 +47,9 @@ class Rule:
     # it: the tuner spends part of a budget on structures its seeds lack (() : every field whose
     # candidates take values other than 0 and 1)
     structure: ClassVar[tuple[str, ...]] = ()
+    # hint fields an earlier version had, retired because every value of them built the same kernel
+    # as the field's absence: a log's record that names one types without it
+    retired: ClassVar[tuple[str, ...]] = ()
 
     def applies(self, spec: Any) -> bool:
         """Whether the rule makes a kernel for ``spec`` (its real block size, target and bucket) with
@@ -86,7 +89,7 @@ class Rule:
             raise TypeError(f"rule {self.name!r} takes no hints")
         if not isinstance(config, dict):
             raise TypeError(f"{self.name} hints are a JSON object, got {type(config).__name__}")
-        return self.Hints(**config)
+        return self.Hints(**{k: v for k, v in config.items() if k not in self.retired})
 
     def __repr__(self) -> str:
         return f"<rule {self.name}>"

@@ -87,6 +87,7 @@ class Mma(Rule):
     name = "mma"
     Hints = Hints
     structure = ("nt", "kw", "kn", "mw")
+    retired = ("quad",)  # (fp4 into fp16 four pairs a word: the plain decode's kernel, retired 2026-11-29)
 
     @staticmethod
     def _serves(spec: Any) -> bool:
@@ -100,8 +101,6 @@ class Mma(Rule):
         folds = pairs.fold(f, spec.a_dtype) is not None
         cands = space(spec.n, spec.m_bucket, f, spec.block_size, ring)
         cands = [h for h in cands if fits(h, spec.n, spec.k) and (pdl or not h.pdl) and (folds or not h.fold)]
-        if pairs.quad_supported(f, spec.a_dtype):  # (shl moot)
-            cands += [dataclasses.replace(h, quad=1) for h in cands if not h.shl]
         if pairs.cvt_supported(f, spec.a_dtype):  # (shl moot; not folded)
             cands += [dataclasses.replace(h, cvt=1) for h in cands if not (h.shl or h.fold)]
         sms, sm_smem = targets.sm_count(spec.target["arch"]), min(SM_SMEM, ring + 1024)
@@ -133,18 +132,19 @@ class Mma(Rule):
         # at 64, 1.2-2.0x at 128
         fold = 1.0 if not h.fold else (1.05 if m_tile <= 16 else 0.9 if m_tile <= 64 else 0.75)
         base = starved * regs * measured * (1 + 0.02 * h.kw) * (1 + 0.05 * (waves > 1))
-        quad = 0.95 if h.quad or h.cvt else 1.0  # (the wgmma_w lean round's decode_quad; one cvt a pair)
-        return base * (1 + 0.25 * acts) * fold * quad * (1.01 if h.minb else 1.0)  # (minb: a twin to measure)
+        # fp4 into fp16 by the plain decode (the wgmma_w lean round's four pairs a word), one cvt a pair
+        fewer = h.cvt or (not h.shl and pairs.quad_supported(formats.get(spec.fmt), spec.a_dtype))
+        return base * (1 + 0.25 * acts) * fold * (0.95 if fewer else 1.0) * (1.01 if h.minb else 1.0)
 
     def twins(self, spec: Any, hints: Hints) -> list[Hints]:
         """``hints`` letting the next kernel in after its wait (``pdl`` 2, where it has 1), with the
-        block scales folded (``fold``), decoding four pairs a word (``quad``) or a pair by one ``cvt``
-        (``cvt``), making its block scales floats once a slot (``stab``) and compiled to run its grid
-        as one wave (``minb``, :func:`one_wave`), where those are candidates."""
+        block scales folded (``fold``), a pair decoded by one ``cvt`` (``cvt``), its block scales
+        made floats once a slot (``stab``) and compiled to run its grid as one wave (``minb``,
+        :func:`one_wave`), where those are candidates."""
         if not hints.stages:  # (a ring's options)
             return []
         options = [dict(pdl=2)] if hints.pdl == 1 else []
-        options += [dict(fold=1), dict(quad=1, shl=0), dict(cvt=1, shl=0), dict(stab=1)]
+        options += [dict(fold=1), dict(cvt=1, shl=0), dict(stab=1)]
         twins = [replaced(hints, **o) for o in options]
         cands = self.candidates(spec)
         twins += [h for h in cands if h.minb and dataclasses.replace(h, minb=0) == hints]
