@@ -1,7 +1,8 @@
 """Build the CUDA kernels of the GPU tests here (no GPU needed) into $MXGEMM_CACHE_DIR, so a GPU box with
 only the TVM runtime can run them: ``MXGEMM_CACHE_DIR=DIR python -m tests.prebuild_gpu sm_90 [JOBS [SETS]]``
 with SETS a comma list of linear, ops, rules, xs, fold, act, module, minilm, wgmma, split, decode,
-frag, stab (default: all; xs and fold are part of rules; wgmma, decode, frag and stab: sm_90 only)."""
+frag, stab, pad (default: all; xs and fold are part of rules; wgmma, decode, frag, stab and pad: sm_90
+only)."""
 
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -159,6 +160,13 @@ def stab_cases(arch):
     yield from (test_mma_stab.PREBUILD if arch == "sm_90" else ())
 
 
+def pad_cases(arch):
+    """tests.test_mma_pad's GPU tests: the mma kernels with and without padded rows (Hopper only)."""
+    from tests import test_mma_pad
+
+    yield from (test_mma_pad.PREBUILD if arch == "sm_90" else ())
+
+
 def frag_cases(arch):
     """tests.test_mma_frag's GPU tests: the mma kernels reading codes in fragment order (Hopper only)."""
     from tests import test_mma_frag
@@ -201,6 +209,7 @@ SETS = {
     "decode": decode_cases,
     "frag": frag_cases,
     "stab": stab_cases,
+    "pad": pad_cases,
 }
 
 

@@ -57,6 +57,7 @@ Grid: ``N / (16 nt kn)`` blocks of ``kw × kn × mw`` warps; a warp owns ``nt`` 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from dataclasses import asdict, dataclass
@@ -111,7 +112,10 @@ class Hints:
     a slot's block scales made floats once, each lane one word of 4 codes, into a table in shared
     memory that the lanes read 4 steps at a time (the 4 lanes of a quad hold the same rows, so
     without it each makes the same ``2**(c-127)``: 3 integer ops a row and step), and at one row (the
-    M bucket 1) only the fragment's stored column scaled into the accumulator."""
+    M bucket 1) only the fragment's stored column scaled into the accumulator; pad: 1 (a ring, not
+    ``frag``) for a slot's rows of codes padded (:func:`_row_bytes`) instead of XOR-moved: the 8 rows a
+    quarter-warp reads still start in distinct bank groups, and a lane's loads of a slot's steps sit
+    at constant offsets from one address (no address arithmetic a load)."""
 
     nt: int = 4
     kw: int = 4
@@ -128,6 +132,7 @@ class Hints:
     minb: int = 0
     cvt: int = 0
     stab: int = 0
+    pad: int = 0
 
     def __post_init__(self) -> None:
         ok = self.nt in (1, 2, 4, 8) and self.kw in (1, 2, 4, 8) and self.stages in (0, 2, 3, 4)
@@ -141,6 +146,7 @@ class Hints:
         ok = ok and 0 <= self.minb and self.minb * 32 * self.kw * self.kn * self.mw <= 2048
         ok = ok and self.cvt in ((0, 1) if not self.fold else (0,))
         ok = ok and self.stab in ((0, 1) if self.stages else (0,))
+        ok = ok and self.pad in ((0, 1) if self.stages and not self.frag else (0,))
         if not ok:
             raise ValueError(f"mma hints out of range: {self}")
 
@@ -148,10 +154,18 @@ class Hints:
         return asdict(self)
 
 
+def _row_bytes(h: Hints, w: int) -> int:
+    """Bytes of a row of a ``w``-bit plane's codes in a ring slot: ``unroll`` steps of ``4 w`` bytes,
+    and (``pad``, rows over 16 bytes) ``max(16, 4 w)`` more, so the 8 rows a quarter-warp reads (a
+    lane ``w`` bytes of a step) start in distinct bank groups."""
+    rowb = 4 * w * h.unroll
+    return rowb + max(16, 4 * w) if h.pad and rowb > 16 else rowb
+
+
 def _ring_layout(h: Hints, bits: int, m_tile: int) -> tuple[int, int, int]:
     """(code bytes, scale bytes, activation bytes) of one ring slot: a warp's 16 rows × ``unroll``
     steps of every plane and of the scales per tile; the group's activations of up to 16 rows."""
-    codes = h.nt * 16 * h.unroll * 4 * bits
+    codes = h.nt * 16 * sum(_row_bytes(h, w) for w in plane_widths(bits))
     scales = h.nt * 16 * h.unroll
     x_n = -(-m_tile // 8)
     acts = h.unroll * x_n * min(8, m_tile) * 4 * 16 if x_n <= 2 or h.xs else 0
@@ -217,6 +231,16 @@ def kernel(
         with T.prim_func():
             _Kernel(T, fmt, n, k, m_tile, out_dtype, bias, block_size, hints, a_dtype).emit()
     return ib.get()
+
+
+@contextlib.contextmanager
+def _when(T, cond):
+    """Emit the body under ``T.If(cond)`` (unconditionally where ``cond`` is None)."""
+    if cond is None:
+        yield
+        return
+    with T.If(cond), T.Then():
+        yield
 
 
 class _Kernel:
@@ -645,12 +669,9 @@ class _Kernel:
     def _table(self, byte):
         """The shared-state address of byte ``byte`` of this warp's scale table (``stab``: float32
         ``[nt * 16 rows, unroll]``)."""
-        T, h = self.T, self.h
+        h = self.h
         warp = self.ty * (h.kn * h.mw) + self.tz
-        unit = self.t_off + warp * (h.nt * h.unroll * 4) + byte // 16
-        addr = T.cuda.cvta_generic_to_shared(T.address_of(self.ring[unit]))
-        rem = byte % 16
-        return addr if isinstance(rem, int) and rem == 0 else addr + tirx.Cast("uint32", rem)
+        return self._ring_addr(self.t_off + warp * (h.nt * h.unroll * 4), byte)
 
     def scale_table(self, slot) -> None:
         """The warp's block scales of ring slot ``slot`` as floats (``2**(c-127)``, code 255 +inf) into
@@ -658,20 +679,13 @@ class _Kernel:
         barrier (the barrier at the next iteration's top keeps the table until every lane read it)."""
         T, h = self.T, self.h
         words = h.nt * 16 * h.unroll // 4
-        word = self.T.alloc_buffer((1,), "uint32", scope="local")
-
-        def convert(wi):
-            T.evaluate(T.ptx.ld.shared.b32(word[0], self._smem(slot, self.s_off + 4 * wi)))
-            bits = [tirx.reinterpret("uint32", scale_exponent(word[0], b)) for b in range(4)]
-            T.evaluate(T.ptx.st.shared.v4.b32(self._table(16 * wi), *bits))
-
+        word = T.alloc_buffer((1,), "uint32", scope="local")
         for i in range(-(-words // 32)):
-            if words % 32 == 0:
-                convert(self.tx + 32 * i)
-                continue
-            with T.If(self.tx + 32 * i < words):
-                with T.Then():
-                    convert(self.tx + 32 * i)
+            wi = self.tx + 32 * i
+            with _when(T, wi < words if words % 32 else None):
+                T.evaluate(T.ptx.ld.shared.b32(word[0], self._smem(slot, self.s_off + 4 * wi)))
+                bits = [tirx.reinterpret("uint32", scale_exponent(word[0], b)) for b in range(4)]
+                T.evaluate(T.ptx.st.shared.v4.b32(self._table(16 * wi), *bits))
         T.evaluate(T.ptx.bar.warp.sync(u32(0xFFFFFFFF)))
 
     def read_table(self, treg, ur) -> None:
@@ -750,10 +764,13 @@ class _Kernel:
         """The shared-state address of byte ``byte`` of this warp's part (``own``; else of the
         group's activations, ``byte`` from the slot's start) of ring slot ``slot`` (indexing 16-byte
         elements, so the buffer's extent covers every 16-byte copy)."""
+        unit = (self.ty * self.h.stages + slot) * self.slot16
+        return self._ring_addr(unit + self.w_unit if own else unit, byte)
+
+    def _ring_addr(self, unit, byte):
+        """The shared-state address of byte ``byte`` from the ring's 16-byte element ``unit``."""
         T = self.T
-        unit = (self.ty * self.h.stages + slot) * self.slot16 + byte // 16
-        unit = unit + self.w_unit if own else unit
-        addr = T.cuda.cvta_generic_to_shared(T.address_of(self.ring[unit]))
+        addr = T.cuda.cvta_generic_to_shared(T.address_of(self.ring[unit + byte // 16]))
         rem = byte % 16
         return addr if isinstance(rem, int) and rem == 0 else addr + tirx.Cast("uint32", rem)
 
@@ -761,9 +778,9 @@ class _Kernel:
         """16-byte chunk ``chunk`` of ``row`` (``pieces`` chunks a row) XOR-moved so the 8 rows a
         quarter-warp reads start in distinct bank groups (``frag``, rows of 128 bytes or more: so the
         two rows' runs it reads, chunk ``j`` (4-bit) or ``2j + c`` (8-bit) of a group, are in
-        distinct bank groups)."""
+        distinct bank groups); unmoved with ``pad`` (:func:`_row_bytes`)."""
         p8 = min(pieces, 8)
-        if p8 == 1:
+        if p8 == 1 or self.h.pad:
             return chunk
         if self.h.frag and p8 == 8:
             return tirx.bitwise_xor(chunk, row % 2 * (4 if self.widths == (4,) else 1))
@@ -791,8 +808,8 @@ class _Kernel:
         off = 0
         for t in range(h.nt):
             for bb, w in zip(self.B, self.widths, strict=True):
-                rowb = 4 * w * h.unroll  # bytes of a row in this slot
-                pieces = rowb // 16
+                rowb = _row_bytes(h, w)  # bytes of a row in this slot
+                pieces = 4 * w * h.unroll // 16
                 for i in range(-(-16 * pieces // 32)):
                     unit = tx + 32 * i
                     row, c = unit // pieces, unit % pieces
@@ -848,12 +865,12 @@ class _Kernel:
         off = 0
         for t in range(h.nt):
             for p, w in enumerate(self.widths):
-                rowb = 4 * w * h.unroll
+                rowb = _row_bytes(h, w)
                 runs = h.frag and list(urs) == list(range(h.unroll))  # a lane's runs read whole
                 for ur, r in itertools.product(urs, range(2)):
                     row = self.quad + 8 * r
                     byte = self._lane_byte(ur, w)  # this lane's w bytes of step ur
-                    chunk = self._swizzle(byte // 16, row, rowb // 16)
+                    chunk = self._swizzle(byte // 16, row, 4 * w * h.unroll // 16)
                     addr = self._smem(slot, off + row * rowb + chunk * 16 + byte % 16)
                     dst = [wreg[ur % nb, t, r, p, q] for q in range(self.words)]
                     if runs:  # a 16-byte chunk: steps ur .. ur + 16 / w, read at the first

@@ -108,7 +108,10 @@ class Mma(Rule):
         cands += [dataclasses.replace(h, minb=b) for h, b in waves if b]
         # the scale table's bytes can take a candidate past the ring's shared memory
         tables = (dataclasses.replace(h, stab=1) for h in cands if h.stages)
-        return cands + [h for h in tables if smem_fits(h, spec.m_bucket, f.bits, ring)]
+        cands += [h for h in tables if smem_fits(h, spec.m_bucket, f.bits, ring)]
+        # so can the padded rows' (``pad``)
+        padded = (dataclasses.replace(h, pad=1) for h in cands if h.stages and not h.frag)
+        return cands + [h for h in padded if smem_fits(h, spec.m_bucket, f.bits, ring)]
 
     def cost(self, spec: Any, h: Hints) -> float:
         """≈ 24 KB of weight loads in flight per SM (Little's law at HBM3 latency), the cross-warp
@@ -139,12 +142,13 @@ class Mma(Rule):
     def twins(self, spec: Any, hints: Hints) -> list[Hints]:
         """``hints`` letting the next kernel in after its wait (``pdl`` 2, where it has 1), with the
         block scales folded (``fold``), a pair decoded by one ``cvt`` (``cvt``), its block scales
-        made floats once a slot (``stab``) and compiled to run its grid as one wave (``minb``,
-        :func:`one_wave`), where those are candidates."""
+        made floats once a slot (``stab``), its rows of codes padded in the ring (``pad``) and
+        compiled to run its grid as one wave (``minb``, :func:`one_wave`), where those are
+        candidates."""
         if not hints.stages:  # (a ring's options)
             return []
         options = [dict(pdl=2)] if hints.pdl == 1 else []
-        options += [dict(fold=1), dict(cvt=1, shl=0), dict(stab=1)]
+        options += [dict(fold=1), dict(cvt=1, shl=0), dict(stab=1), dict(pad=1)]
         twins = [replaced(hints, **o) for o in options]
         cands = self.candidates(spec)
         twins += [h for h in cands if h.minb and dataclasses.replace(h, minb=0) == hints]

@@ -1,0 +1,160 @@
+"""The ``mma`` ring's padded rows of codes (``mma.Hints.pad``): each row of a plane's codes in a slot
+padded (``mma._row_bytes``) instead of its 16-byte chunks XOR-moved, so a lane's loads of a slot's
+steps sit at constant offsets from one address.
+
+CPU: which hints take it, its shared memory, the rule's candidates and twins; every plane width's
+padded rows keep the 8 rows a quarter-warp reads in distinct bank groups (the banks of the lanes'
+addresses, computed); (nvcc) the one-row kernel's PTX computes fewer addresses. GPU (Hopper): the same
+output bits as the kernel without it, for every plane width (4; 4 and 2; 8; 2 and 1; 4, 2 and 1), at 1,
+4, 16 and 32 rows; one-hot rows give the reference's decoded weights exactly.
+"""
+
+import dataclasses
+import re
+
+import pytest
+import torch
+
+import mxgemm
+from mxgemm import reference
+from mxgemm.codegen import build as builder
+from mxgemm.codegen import mma
+from mxgemm.codegen import target as targets
+from mxgemm.layout import plane_widths
+from mxgemm.rules import mma as mma_rule
+from tests import ptxas
+from tests.hopper import hopper, run_mma
+
+N, K = 512, 2048
+# (hints with pad, M bucket, rows)
+CASES = [
+    (mma.Hints(nt=1, kw=8, unroll=8, stages=2, pdl=2, pad=1), 1, 1),
+    (mma.Hints(nt=2, kw=4, unroll=4, stages=3, stab=1, pad=1), 4, 3),
+    (mma.Hints(nt=2, kw=4, unroll=8, stages=2, fold=1, pad=1), 16, 13),
+    (mma.Hints(nt=2, kw=1, kn=8, unroll=8, stages=2, xs=1, pad=1), 32, 29),
+]
+FORMATS = [
+    ("mxfp4", "float16"),
+    ("mxfp4", "bfloat16"),
+    ("mxfp6_e2m3", "float16"),
+    ("mxfp8_e4m3", "bfloat16"),
+    ("mxint8", "float16"),
+    ("bfp3", "float16"),
+    ("bfp7", "bfloat16"),
+]
+# the kernels of the GPU tests, mxgemm.build's arguments, for tests.prebuild_gpu
+PREBUILD = [
+    dict(fmt=f, n=N, k=K, m_bucket=m, target="sm_90", hints=h, rule="mma", a_dtype=dt)
+    for f, dt in FORMATS
+    for hints, m, _ in CASES
+    for h in (hints.to_dict(), dataclasses.replace(hints, pad=0).to_dict())
+]
+
+
+def test_padding_needs_a_ring_without_fragment_order_and_takes_shared_memory():
+    for bad in (dict(stages=0, unroll=4), dict(stages=2, unroll=8, frag=1)):
+        with pytest.raises(ValueError, match="mma hints out of range"):
+            mma.Hints(**bad, pad=1)
+    h = mma.Hints(nt=2, kw=4, kn=2, unroll=8, stages=3)
+    for bits, pads in ((4, 16), (6, 16 + 16), (8, 32), (7, 16 + 16 + 16)):
+        static, dynamic = mma.smem_bytes(h, 1, bits)
+        # a slot: 2 tiles × 16 rows × 2 warps of a group; 3 stages × 4 K warps of slots
+        assert mma.smem_bytes(dataclasses.replace(h, pad=1), 1, bits) == (static, dynamic + 12 * 64 * pads)
+
+
+@pytest.mark.parametrize("unroll", [4, 8])
+@pytest.mark.parametrize("w", [1, 2, 4, 8])
+def test_padded_rows_keep_a_quarter_warp_in_distinct_banks(w, unroll):
+    """A warp's load of a step's codes: lane ``(quad, j)`` reads ``w`` bytes at ``quad × row bytes +
+    4 w step + w j``; the lanes of each of the load's wavefronts (of 128 bytes: 8 lanes of 16, 16
+    of 8, all 32 of 4 or fewer) hit each 4-byte bank in at most one word."""
+    rowb = mma._row_bytes(mma.Hints(unroll=unroll, stages=2, pad=1), w)
+    assert rowb % 16 == 0
+    per = 32 if w <= 4 else 16  # lanes a wavefront serves
+    for step in range(unroll):
+        for first in range(0, 32, per):
+            words = {}
+            for lane in range(first, first + per):
+                byte = lane // 4 * rowb + 4 * w * step + w * (lane % 4)
+                for word in range(byte // 4, (byte + w - 1) // 4 + 1):
+                    words.setdefault(word % 32, set()).add(word)
+            assert all(len(s) == 1 for s in words.values()), (w, unroll, step)
+
+
+def test_the_rule_offers_padding_beside_each_ring_candidate():
+    """Every ring candidate has its twin with padded rows where their bytes still fit, and a record's
+    twins include it; the register pipeline never takes it."""
+    sm90 = targets.resolve("sm_90")
+    spec = builder.KernelSpec("mxfp6_e2m3", 4096, 4096, 4, "float16", "float16", False, 32, sm90)
+    cands = mma_rule.RULE.candidates(spec)
+    padded = {h for h in cands if h.pad}
+    rings = [h for h in cands if h.stages and not h.pad]
+    assert padded and all(h.stages for h in padded)
+    fits = [h for h in rings if mma_rule.smem_fits(dataclasses.replace(h, pad=1), 4, 6, mma.RING_SMEM)]
+    assert {dataclasses.replace(h, pad=1) for h in fits} == padded
+    record = mma.Hints(nt=1, kw=8, unroll=8, stages=2, pdl=2)
+    assert dataclasses.replace(record, pad=1) in mma_rule.RULE.twins(spec, record)
+
+
+@pytest.mark.nvcc
+def test_padding_drops_the_per_load_address_arithmetic(tmp_path):
+    """The one-row ring kernel (8 steps, one 16-row tile of mxfp4): the same 16 code loads of a slot,
+    with no XOR (the chunks' moves) and fewer integer ops overall."""
+
+    def ptx(hints):
+        k = mxgemm.build("mxfp4", n=N, k=K, m_bucket=1, target="sm_90", hints=hints.to_dict(), rule="mma")
+        return ptxas.ptx(k.source, tmp_path, arch="sm_90")
+
+    padded, plain = ptx(CASES[0][0]), ptx(dataclasses.replace(CASES[0][0], pad=0))
+    loads = lambda text: len(re.findall(r"ld\.shared\.b32", text))  # noqa: E731
+    xors = lambda text: len(re.findall(r"^\s*xor\.b32", text, re.M))  # noqa: E731
+    ops = lambda text: len(re.findall(r"^\s*(?:add|shl|xor|mul|and|or)\.", text, re.M))  # noqa: E731
+    assert loads(padded) == loads(plain) >= 16
+    assert xors(padded) < xors(plain) and ops(padded) < ops(plain)
+
+
+def test_every_plane_width_is_tested():
+    assert {w for f, _ in FORMATS for w in plane_widths(mxgemm.formats.get(f).bits)} == {1, 2, 4, 8}
+
+
+# ---- on a Hopper GPU -------------------------------------------------------------------------------
+
+
+def _run(hints: mma.Hints, m_bucket: int, x: torch.Tensor, q, fmt: str) -> torch.Tensor:
+    return run_mma(hints, m_bucket, x, q, fmt, N, K)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize(("fmt", "dtype"), FORMATS)
+@pytest.mark.parametrize(("hints", "m_bucket", "rows"), CASES)
+def test_gpu_padding_gives_the_same_bits(fmt, dtype, hints, m_bucket, rows):
+    """Blocks scaled over 2**-20..1, scale code 255 (NaN) on row 9, activations over 2**±6: the bits
+    of the kernel without padding."""
+    torch.manual_seed(16)
+    binades = torch.randint(-20, 1, (N, K // 32), device="cuda").repeat_interleave(32, 1)
+    q = reference.quantize(torch.randn(N, K, device="cuda") * 2.0**binades, fmt)
+    q.scales[9, 40] = 255
+    x = torch.randn(rows, K, device="cuda") * 2.0 ** torch.randint(-6, 7, (rows, 1), device="cuda")
+    x = x.to(getattr(torch, dtype))
+    y = _run(hints, m_bucket, x, q, fmt)
+    want = _run(dataclasses.replace(hints, pad=0), m_bucket, x, q, fmt)
+    assert y[:, 9].isnan().all() and torch.isfinite(torch.cat([want[:, :9], want[:, 10:]], 1)).all()
+    assert torch.equal(y.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize(("fmt", "dtype"), FORMATS)
+@pytest.mark.parametrize(("hints", "m_bucket", "rows"), CASES)
+def test_gpu_padded_one_hot_rows_give_the_decoded_weights(fmt, dtype, hints, m_bucket, rows):
+    """Row ``i`` of X one-hot at K ``37 i + 5``: row ``i`` of Y is that column of the reference's
+    decoded W (``reference.dequantize``, exact in the activation dtype), bit for bit."""
+    torch.manual_seed(17)
+    q = reference.quantize(torch.randn(N, K, device="cuda") * 0.1, fmt)
+    tdt = getattr(torch, dtype)
+    x = torch.zeros(rows, K, dtype=tdt, device="cuda")
+    cols = torch.arange(rows, device="cuda") * 37 + 5
+    x[torch.arange(rows, device="cuda"), cols] = 1.0
+    want = reference.dequantize(q).to(tdt)[:, cols].T
+    assert torch.equal(_run(hints, m_bucket, x, q, fmt), want)
