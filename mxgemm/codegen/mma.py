@@ -115,7 +115,10 @@ class Hints:
     M bucket 1) only the fragment's stored column scaled into the accumulator; pad: 1 (a ring, not
     ``frag``) for a slot's rows of codes padded (:func:`_row_bytes`) instead of XOR-moved: the 8 rows a
     quarter-warp reads still start in distinct bank groups, and a lane's loads of a slot's steps sit
-    at constant offsets from one address (no address arithmetic a load)."""
+    at constant offsets from one address (no address arithmetic a load); ldm: 1 (a ring, not
+    ``frag``) for the 4-bit plane's codes read by ``ldmatrix`` (a warp's 16 rows of two steps, the
+    fragment's words, in one ``.x4``; one step in an ``.x2``) instead of a 32-bit load a row and
+    step, where the format has that plane."""
 
     nt: int = 4
     kw: int = 4
@@ -133,6 +136,7 @@ class Hints:
     cvt: int = 0
     stab: int = 0
     pad: int = 0
+    ldm: int = 0
 
     def __post_init__(self) -> None:
         ok = self.nt in (1, 2, 4, 8) and self.kw in (1, 2, 4, 8) and self.stages in (0, 2, 3, 4)
@@ -147,6 +151,7 @@ class Hints:
         ok = ok and self.cvt in ((0, 1) if not self.fold else (0,))
         ok = ok and self.stab in ((0, 1) if self.stages else (0,))
         ok = ok and self.pad in ((0, 1) if self.stages and not self.frag else (0,))
+        ok = ok and self.ldm in ((0, 1) if self.stages and not self.frag else (0,))
         if not ok:
             raise ValueError(f"mma hints out of range: {self}")
 
@@ -855,6 +860,26 @@ class _Kernel:
                     )
                     T.evaluate(cp16(dst, src, 16))
 
+    def ld_matrices(self, slot, off, rowb, urs, dst) -> None:
+        """A 4-bit plane's codes of steps ``urs`` of a ring slot (its tile's rows from byte ``off``,
+        ``rowb`` bytes a row) by ``ldmatrix``: matrix ``2 i + r`` of an ``.x4`` is rows ``8 r ..``
+        of the pair's step ``i`` (a row's 16 bytes of a step: 8 rows × 8 16-bit elements), whose
+        lane ``4 quad + j`` gets word ``j`` of row ``quad``: what a 32-bit load of ``dst(ur, r)``
+        reads; an odd step last by an ``.x2``. Lane ``l`` gives the address of row ``l % 8`` of
+        matrix ``l // 8`` (of an ``.x2``'s: ``l // 8 % 2``)."""
+        T = self.T
+        urs = list(urs)
+        for i in range(0, len(urs), 2):
+            group = urs[i : i + 2]
+            mat = self.tx // 8 % (2 * len(group))
+            row = self.tx % 8 + 8 * (mat % 2)
+            ur = group[0] + mat // 2
+            chunk = self._swizzle(ur, row, 4 * 4 * self.h.unroll // 16)
+            addr = self._smem(slot, off + row * rowb + chunk * 16)
+            regs = [dst(u, r) for u in group for r in range(2)]
+            num = {4: "x4", 2: "x2"}[len(regs)]
+            T.evaluate(getattr(T.ptx.ldmatrix.sync.aligned.m8n8, num).shared.b16(*regs, addr))
+
     def read_steps(self, slot, urs, wreg, xreg, sreg=None) -> None:
         """This lane's codes of steps ``urs`` of a ring slot into ``wreg[ur % len(wreg)]``, then (if
         ``sreg``) its two rows' scale codes (``unroll`` bytes a row), then (if ``xreg``) its
@@ -866,6 +891,10 @@ class _Kernel:
         for t in range(h.nt):
             for p, w in enumerate(self.widths):
                 rowb = _row_bytes(h, w)
+                if w == 4 and h.ldm:
+                    self.ld_matrices(slot, off, rowb, urs, lambda ur, r, t=t, p=p: wreg[ur % nb, t, r, p, 0])
+                    off += 16 * rowb
+                    continue
                 runs = h.frag and list(urs) == list(range(h.unroll))  # a lane's runs read whole
                 for ur, r in itertools.product(urs, range(2)):
                     row = self.quad + 8 * r

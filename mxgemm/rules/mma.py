@@ -13,6 +13,7 @@ from mxgemm import formats
 from mxgemm.codegen import pairs
 from mxgemm.codegen import target as targets
 from mxgemm.codegen.mma import RING_SMEM, SM_SMEM, SMEM, STEP, Hints, kernel, smem_bytes
+from mxgemm.layout import plane_widths
 from mxgemm.rules.base import Rule, Scheduled, cheapest, cuda_linear, preferred, replaced
 
 # M buckets this rule serves (128 and 256: only with activations in the ring, ``xs``; 256 with warps
@@ -111,7 +112,10 @@ class Mma(Rule):
         cands += [h for h in tables if smem_fits(h, spec.m_bucket, f.bits, ring)]
         # so can the padded rows' (``pad``)
         padded = (dataclasses.replace(h, pad=1) for h in cands if h.stages and not h.frag)
-        return cands + [h for h in padded if smem_fits(h, spec.m_bucket, f.bits, ring)]
+        cands += [h for h in padded if smem_fits(h, spec.m_bucket, f.bits, ring)]
+        if 4 in plane_widths(f.bits):  # a 4-bit plane's codes by ldmatrix, from padded rows
+            cands += [dataclasses.replace(h, ldm=1) for h in cands if h.pad]
+        return cands
 
     def cost(self, spec: Any, h: Hints) -> float:
         """≈ 24 KB of weight loads in flight per SM (Little's law at HBM3 latency), the cross-warp
@@ -142,13 +146,13 @@ class Mma(Rule):
     def twins(self, spec: Any, hints: Hints) -> list[Hints]:
         """``hints`` letting the next kernel in after its wait (``pdl`` 2, where it has 1), with the
         block scales folded (``fold``), a pair decoded by one ``cvt`` (``cvt``), its block scales
-        made floats once a slot (``stab``), its rows of codes padded in the ring (``pad``) and
-        compiled to run its grid as one wave (``minb``, :func:`one_wave`), where those are
-        candidates."""
+        made floats once a slot (``stab``), its rows of codes padded in the ring (``pad``; and its
+        4-bit codes read from them by ``ldmatrix``, ``ldm``) and compiled to run its grid as one
+        wave (``minb``, :func:`one_wave`), where those are candidates."""
         if not hints.stages:  # (a ring's options)
             return []
         options = [dict(pdl=2)] if hints.pdl == 1 else []
-        options += [dict(fold=1), dict(cvt=1, shl=0), dict(stab=1), dict(pad=1)]
+        options += [dict(fold=1), dict(cvt=1, shl=0), dict(stab=1), dict(pad=1), dict(pad=1, ldm=1)]
         twins = [replaced(hints, **o) for o in options]
         cands = self.candidates(spec)
         twins += [h for h in cands if h.minb and dataclasses.replace(h, minb=0) == hints]
