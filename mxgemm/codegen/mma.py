@@ -676,7 +676,7 @@ class _Kernel:
         ``[nt * 16 rows, unroll]``)."""
         h = self.h
         warp = self.ty * (h.kn * h.mw) + self.tz
-        return self._ring_addr(self.t_off + warp * (h.nt * h.unroll * 4), byte)
+        return self._ring_addr(self.t_off + warp * (h.nt * h.unroll * 4) + byte // 16, byte % 16)
 
     def scale_table(self, slot) -> None:
         """The warp's block scales of ring slot ``slot`` as floats (``2**(c-127)``, code 255 +inf) into
@@ -769,14 +769,13 @@ class _Kernel:
         """The shared-state address of byte ``byte`` of this warp's part (``own``; else of the
         group's activations, ``byte`` from the slot's start) of ring slot ``slot`` (indexing 16-byte
         elements, so the buffer's extent covers every 16-byte copy)."""
-        unit = (self.ty * self.h.stages + slot) * self.slot16
-        return self._ring_addr(unit + self.w_unit if own else unit, byte)
+        unit = (self.ty * self.h.stages + slot) * self.slot16 + byte // 16
+        return self._ring_addr(unit + self.w_unit if own else unit, byte % 16)
 
-    def _ring_addr(self, unit, byte):
-        """The shared-state address of byte ``byte`` from the ring's 16-byte element ``unit``."""
+    def _ring_addr(self, unit, rem):
+        """The shared-state address of byte ``rem`` (< 16) of the ring's 16-byte element ``unit``."""
         T = self.T
-        addr = T.cuda.cvta_generic_to_shared(T.address_of(self.ring[unit + byte // 16]))
-        rem = byte % 16
+        addr = T.cuda.cvta_generic_to_shared(T.address_of(self.ring[unit]))
         return addr if isinstance(rem, int) and rem == 0 else addr + tirx.Cast("uint32", rem)
 
     def _swizzle(self, chunk, row, pieces: int):
