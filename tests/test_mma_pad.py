@@ -41,6 +41,11 @@ def _plain(h: mma.Hints) -> mma.Hints:
     return dataclasses.replace(h, pad=0, ldm=0)
 
 
+def _for(fmt: str, h: mma.Hints) -> mma.Hints:
+    """``h`` as ``fmt`` takes it: ``ldm`` only where its codes have a 4-bit plane."""
+    return h if 4 in plane_widths(mxgemm.formats.get(fmt).bits) else dataclasses.replace(h, ldm=0)
+
+
 FORMATS = [
     ("mxfp4", "float16"),
     ("mxfp4", "bfloat16"),
@@ -55,7 +60,7 @@ PREBUILD = [
     dict(fmt=f, n=N, k=K, m_bucket=m, target="sm_90", hints=h, rule="mma", a_dtype=dt)
     for f, dt in FORMATS
     for hints, m, _ in CASES
-    for h in (hints.to_dict(), _plain(hints).to_dict())
+    for h in (_for(f, hints).to_dict(), _plain(hints).to_dict())
 ]
 
 
@@ -132,6 +137,17 @@ def test_padding_drops_the_per_load_address_arithmetic(tmp_path):
     assert loads(matrices) == loads(padded) - 16
 
 
+@pytest.mark.parametrize(("fmt", "dtype"), FORMATS)
+def test_the_gpu_cases_are_candidates(fmt, dtype):
+    """The GPU tests' hints, with and without padding, are the rule's candidates for their kernels (a
+    hint set that is not would be built with the defaults instead)."""
+    sm90 = targets.resolve("sm_90")
+    for hints, m_bucket, _ in CASES:
+        spec = builder.KernelSpec(fmt, N, K, m_bucket, dtype, dtype, False, 32, sm90)
+        cands = set(mma_rule.RULE.candidates(spec))
+        assert _for(fmt, hints) in cands and _plain(hints) in cands
+
+
 def test_every_plane_width_is_tested():
     assert {w for f, _ in FORMATS for w in plane_widths(mxgemm.formats.get(f).bits)} == {1, 2, 4, 8}
 
@@ -156,7 +172,7 @@ def test_gpu_padding_gives_the_same_bits(fmt, dtype, hints, m_bucket, rows):
     q.scales[9, 40] = 255
     x = torch.randn(rows, K, device="cuda") * 2.0 ** torch.randint(-6, 7, (rows, 1), device="cuda")
     x = x.to(getattr(torch, dtype))
-    y = _run(hints, m_bucket, x, q, fmt)
+    y = _run(_for(fmt, hints), m_bucket, x, q, fmt)
     want = _run(_plain(hints), m_bucket, x, q, fmt)
     assert y[:, 9].isnan().all() and torch.isfinite(torch.cat([want[:, :9], want[:, 10:]], 1)).all()
     assert torch.equal(y.view(torch.int16), want.view(torch.int16))
@@ -176,4 +192,4 @@ def test_gpu_padded_one_hot_rows_give_the_decoded_weights(fmt, dtype, hints, m_b
     cols = torch.arange(rows, device="cuda") * 37 + 5
     x[torch.arange(rows, device="cuda"), cols] = 1.0
     want = reference.dequantize(q).to(tdt)[:, cols].T
-    assert torch.equal(_run(hints, m_bucket, x, q, fmt), want)
+    assert torch.equal(_run(_for(fmt, hints), m_bucket, x, q, fmt), want)
