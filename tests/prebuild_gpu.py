@@ -1,7 +1,7 @@
 """Build the CUDA kernels of the GPU tests here (no GPU needed) into $MXGEMM_CACHE_DIR, so a GPU box with
 only the TVM runtime can run them: ``MXGEMM_CACHE_DIR=DIR python -m tests.prebuild_gpu sm_90 [JOBS [SETS]]``
 with SETS a comma list of linear, ops, rules, xs, fold, act, module, minilm, wgmma, split, decode,
-frag, stab, pad (default: all; xs and fold are part of rules; wgmma, decode, frag, stab and pad: sm_90
+frag, stab, ldm (default: all; xs and fold are part of rules; wgmma, decode, frag, stab and ldm: sm_90
 only)."""
 
 import sys
@@ -160,11 +160,11 @@ def stab_cases(arch):
     yield from (test_mma_stab.PREBUILD if arch == "sm_90" else ())
 
 
-def pad_cases(arch):
-    """tests.test_mma_pad's GPU tests: the mma kernels with and without padded rows (Hopper only)."""
-    from tests import test_mma_pad
+def ldm_cases(arch):
+    """tests.test_mma_ldm's GPU tests: the mma kernels with and without ldmatrix (Hopper only)."""
+    from tests import test_mma_ldm
 
-    yield from (test_mma_pad.PREBUILD if arch == "sm_90" else ())
+    yield from (test_mma_ldm.PREBUILD if arch == "sm_90" else ())
 
 
 def frag_cases(arch):
@@ -209,7 +209,7 @@ SETS = {
     "decode": decode_cases,
     "frag": frag_cases,
     "stab": stab_cases,
-    "pad": pad_cases,
+    "ldm": ldm_cases,
 }
 
 

@@ -112,13 +112,10 @@ class Hints:
     a slot's block scales made floats once, each lane one word of 4 codes, into a table in shared
     memory that the lanes read 4 steps at a time (the 4 lanes of a quad hold the same rows, so
     without it each makes the same ``2**(c-127)``: 3 integer ops a row and step), and at one row (the
-    M bucket 1) only the fragment's stored column scaled into the accumulator; pad: 1 (a ring, not
-    ``frag``) for a slot's rows of codes padded (:func:`_row_bytes`) instead of XOR-moved: the 8 rows a
-    quarter-warp reads still start in distinct bank groups, and a lane's loads of a slot's steps sit
-    at constant offsets from one address (no address arithmetic a load); ldm: 1 (a ring, not
+    M bucket 1) only the fragment's stored column scaled into the accumulator; ldm: 1 (a ring, not
     ``frag``) for the 4-bit plane's codes read by ``ldmatrix`` (a warp's 16 rows of two steps, the
     fragment's words, in one ``.x4``; one step in an ``.x2``) instead of a 32-bit load a row and
-    step, where the format has that plane."""
+    step, where the format has that plane: a quarter of the loads and of their addresses."""
 
     nt: int = 4
     kw: int = 4
@@ -135,7 +132,6 @@ class Hints:
     minb: int = 0
     cvt: int = 0
     stab: int = 0
-    pad: int = 0
     ldm: int = 0
 
     def __post_init__(self) -> None:
@@ -150,7 +146,6 @@ class Hints:
         ok = ok and 0 <= self.minb and self.minb * 32 * self.kw * self.kn * self.mw <= 2048
         ok = ok and self.cvt in ((0, 1) if not self.fold else (0,))
         ok = ok and self.stab in ((0, 1) if self.stages else (0,))
-        ok = ok and self.pad in ((0, 1) if self.stages and not self.frag else (0,))
         ok = ok and self.ldm in ((0, 1) if self.stages and not self.frag else (0,))
         if not ok:
             raise ValueError(f"mma hints out of range: {self}")
@@ -159,18 +154,10 @@ class Hints:
         return asdict(self)
 
 
-def _row_bytes(h: Hints, w: int) -> int:
-    """Bytes of a row of a ``w``-bit plane's codes in a ring slot: ``unroll`` steps of ``4 w`` bytes,
-    and (``pad``, rows over 16 bytes) ``max(16, 4 w)`` more, so the 8 rows a quarter-warp reads (a
-    lane ``w`` bytes of a step) start in distinct bank groups."""
-    rowb = 4 * w * h.unroll
-    return rowb + max(16, 4 * w) if h.pad and rowb > 16 else rowb
-
-
 def _ring_layout(h: Hints, bits: int, m_tile: int) -> tuple[int, int, int]:
     """(code bytes, scale bytes, activation bytes) of one ring slot: a warp's 16 rows × ``unroll``
     steps of every plane and of the scales per tile; the group's activations of up to 16 rows."""
-    codes = h.nt * 16 * sum(_row_bytes(h, w) for w in plane_widths(bits))
+    codes = h.nt * 16 * h.unroll * 4 * bits
     scales = h.nt * 16 * h.unroll
     x_n = -(-m_tile // 8)
     acts = h.unroll * x_n * min(8, m_tile) * 4 * 16 if x_n <= 2 or h.xs else 0
@@ -782,9 +769,9 @@ class _Kernel:
         """16-byte chunk ``chunk`` of ``row`` (``pieces`` chunks a row) XOR-moved so the 8 rows a
         quarter-warp reads start in distinct bank groups (``frag``, rows of 128 bytes or more: so the
         two rows' runs it reads, chunk ``j`` (4-bit) or ``2j + c`` (8-bit) of a group, are in
-        distinct bank groups); unmoved with ``pad`` (:func:`_row_bytes`)."""
+        distinct bank groups)."""
         p8 = min(pieces, 8)
-        if p8 == 1 or self.h.pad:
+        if p8 == 1:
             return chunk
         if self.h.frag and p8 == 8:
             return tirx.bitwise_xor(chunk, row % 2 * (4 if self.widths == (4,) else 1))
@@ -812,8 +799,8 @@ class _Kernel:
         off = 0
         for t in range(h.nt):
             for bb, w in zip(self.B, self.widths, strict=True):
-                rowb = _row_bytes(h, w)  # bytes of a row in this slot
-                pieces = 4 * w * h.unroll // 16
+                rowb = 4 * w * h.unroll  # bytes of a row in this slot
+                pieces = rowb // 16
                 for i in range(-(-16 * pieces // 32)):
                     unit = tx + 32 * i
                     row, c = unit // pieces, unit % pieces
@@ -859,13 +846,13 @@ class _Kernel:
                     )
                     T.evaluate(cp16(dst, src, 16))
 
-    def ld_matrices(self, slot, off, rowb, urs, dst) -> None:
-        """A 4-bit plane's codes of steps ``urs`` of a ring slot (its tile's rows from byte ``off``,
-        ``rowb`` bytes a row) by ``ldmatrix``: matrix ``2 i + r`` of an ``.x4`` is rows ``8 r ..``
-        of the pair's step ``i`` (a row's 16 bytes of a step: 8 rows × 8 16-bit elements), whose
-        lane ``4 quad + j`` gets word ``j`` of row ``quad``: what a 32-bit load of ``dst(ur, r)``
-        reads; an odd step last by an ``.x2``. Lane ``l`` gives the address of row ``l % 8`` of
-        matrix ``l // 8`` (of an ``.x2``'s: ``l // 8 % 2``)."""
+    def ld_matrices(self, slot, off, urs, dst) -> None:
+        """A 4-bit plane's codes of steps ``urs`` of a ring slot (its tile's rows from byte ``off``)
+        by ``ldmatrix``: matrix ``2 i + r`` of an ``.x4`` is rows ``8 r ..`` of the pair's step ``i``
+        (a row's 16 bytes of a step, wherever :meth:`_swizzle` put them: 8 rows × 8 16-bit
+        elements), whose lane ``4 quad + j`` gets word ``j`` of row ``quad``: what a 32-bit load of
+        ``dst(ur, r)`` reads; an odd step last by an ``.x2``. Lane ``l`` gives the address of row
+        ``l % 8`` of matrix ``l // 8`` (of an ``.x2``'s: ``l // 8 % 2``)."""
         T = self.T
         urs = list(urs)
         for i in range(0, len(urs), 2):
@@ -873,8 +860,8 @@ class _Kernel:
             mat = self.tx // 8 % (2 * len(group))
             row = self.tx % 8 + 8 * (mat % 2)
             ur = group[0] + mat // 2
-            chunk = self._swizzle(ur, row, 4 * 4 * self.h.unroll // 16)
-            addr = self._smem(slot, off + row * rowb + chunk * 16)
+            chunk = self._swizzle(ur, row, self.h.unroll)
+            addr = self._smem(slot, off + row * (16 * self.h.unroll) + chunk * 16)
             regs = [dst(u, r) for u in group for r in range(2)]
             num = {4: "x4", 2: "x2"}[len(regs)]
             T.evaluate(getattr(T.ptx.ldmatrix.sync.aligned.m8n8, num).shared.b16(*regs, addr))
@@ -889,16 +876,16 @@ class _Kernel:
         off = 0
         for t in range(h.nt):
             for p, w in enumerate(self.widths):
-                rowb = _row_bytes(h, w)
+                rowb = 4 * w * h.unroll
                 if w == 4 and h.ldm:
-                    self.ld_matrices(slot, off, rowb, urs, lambda ur, r, t=t, p=p: wreg[ur % nb, t, r, p, 0])
+                    self.ld_matrices(slot, off, urs, lambda ur, r, t=t, p=p: wreg[ur % nb, t, r, p, 0])
                     off += 16 * rowb
                     continue
                 runs = h.frag and list(urs) == list(range(h.unroll))  # a lane's runs read whole
                 for ur, r in itertools.product(urs, range(2)):
                     row = self.quad + 8 * r
                     byte = self._lane_byte(ur, w)  # this lane's w bytes of step ur
-                    chunk = self._swizzle(byte // 16, row, 4 * w * h.unroll // 16)
+                    chunk = self._swizzle(byte // 16, row, rowb // 16)
                     addr = self._smem(slot, off + row * rowb + chunk * 16 + byte % 16)
                     dst = [wreg[ur % nb, t, r, p, q] for q in range(self.words)]
                     if runs:  # a 16-byte chunk: steps ur .. ur + 16 / w, read at the first

@@ -110,11 +110,8 @@ class Mma(Rule):
         # the scale table's bytes can take a candidate past the ring's shared memory
         tables = (dataclasses.replace(h, stab=1) for h in cands if h.stages)
         cands += [h for h in tables if smem_fits(h, spec.m_bucket, f.bits, ring)]
-        # so can the padded rows' (``pad``)
-        padded = (dataclasses.replace(h, pad=1) for h in cands if h.stages and not h.frag)
-        cands += [h for h in padded if smem_fits(h, spec.m_bucket, f.bits, ring)]
-        if 4 in plane_widths(f.bits):  # a 4-bit plane's codes by ldmatrix, from padded rows
-            cands += [dataclasses.replace(h, ldm=1) for h in cands if h.pad]
+        if 4 in plane_widths(f.bits):  # a 4-bit plane's codes by ldmatrix
+            cands += [dataclasses.replace(h, ldm=1) for h in cands if h.stages and not h.frag]
         return cands
 
     def cost(self, spec: Any, h: Hints) -> float:
@@ -146,13 +143,13 @@ class Mma(Rule):
     def twins(self, spec: Any, hints: Hints) -> list[Hints]:
         """``hints`` letting the next kernel in after its wait (``pdl`` 2, where it has 1), with the
         block scales folded (``fold``), a pair decoded by one ``cvt`` (``cvt``), its block scales
-        made floats once a slot (``stab``), its rows of codes padded in the ring (``pad``; and its
-        4-bit codes read from them by ``ldmatrix``, ``ldm``) and compiled to run its grid as one
-        wave (``minb``, :func:`one_wave`), where those are candidates."""
+        made floats once a slot (``stab``), its 4-bit codes read by ``ldmatrix`` (``ldm``) and
+        compiled to run its grid as one wave (``minb``, :func:`one_wave`), where those are
+        candidates."""
         if not hints.stages:  # (a ring's options)
             return []
         options = [dict(pdl=2)] if hints.pdl == 1 else []
-        options += [dict(fold=1), dict(cvt=1, shl=0), dict(stab=1), dict(pad=1), dict(pad=1, ldm=1)]
+        options += [dict(fold=1), dict(cvt=1, shl=0), dict(stab=1), dict(ldm=1)]
         twins = [replaced(hints, **o) for o in options]
         cands = self.candidates(spec)
         twins += [h for h in cands if h.minb and dataclasses.replace(h, minb=0) == hints]
