@@ -15,30 +15,26 @@ import pytest
 import torch
 
 import mxgemm
-from mxgemm import reference
 from mxgemm.codegen import build as builder
 from mxgemm.codegen import mma
 from mxgemm.codegen import target as targets
 from mxgemm.rules import mma as mma_rule
 from tests import ptxas
-from tests.hopper import hopper, run_mma
+from tests.hopper import (
+    assert_same_bits,
+    binade_case,
+    hopper,
+    one_hot_case,
+    option_cases,
+    prebuild_pairs,
+    run_mma,
+)
 
 N, K = 512, 2048
-# (hints with ldm, M bucket, rows)
-CASES = [
-    (mma.Hints(nt=1, kw=8, unroll=8, stages=2, pdl=2, ldm=1), 1, 1),
-    (mma.Hints(nt=2, kw=4, unroll=4, stages=3, stab=1, ldm=1), 4, 3),
-    (mma.Hints(nt=2, kw=4, unroll=8, stages=2, fold=1, ldm=1), 16, 13),
-    (mma.Hints(nt=2, kw=1, kn=8, unroll=8, stages=2, xs=1, ldm=1), 32, 29),
-]
+CASES = option_cases("ldm")  # (hints with ldm, M bucket, rows)
 FORMATS = [("mxfp4", "float16"), ("mxfp4", "bfloat16"), ("mxfp6_e2m3", "float16"), ("bfp7", "bfloat16")]
 # the kernels of the GPU tests, mxgemm.build's arguments, for tests.prebuild_gpu
-PREBUILD = [
-    dict(fmt=f, n=N, k=K, m_bucket=m, target="sm_90", hints=h, rule="mma", a_dtype=dt)
-    for f, dt in FORMATS
-    for hints, m, _ in CASES
-    for h in (hints.to_dict(), dataclasses.replace(hints, ldm=0).to_dict())
-]
+PREBUILD = prebuild_pairs("ldm", CASES, FORMATS, N, K)
 
 
 def test_ldmatrix_needs_a_ring_without_fragment_order():
@@ -107,16 +103,9 @@ def _run(hints: mma.Hints, m_bucket: int, x: torch.Tensor, q, fmt: str) -> torch
 def test_gpu_ldmatrix_gives_the_same_bits(fmt, dtype, hints, m_bucket, rows):
     """Blocks scaled over 2**-20..1, scale code 255 (NaN) on row 9, activations over 2**±6: the bits
     of the kernel without ``ldm``."""
-    torch.manual_seed(16)
-    binades = torch.randint(-20, 1, (N, K // 32), device="cuda").repeat_interleave(32, 1)
-    q = reference.quantize(torch.randn(N, K, device="cuda") * 2.0**binades, fmt)
-    q.scales[9, 40] = 255
-    x = torch.randn(rows, K, device="cuda") * 2.0 ** torch.randint(-6, 7, (rows, 1), device="cuda")
-    x = x.to(getattr(torch, dtype))
+    x, q = binade_case(fmt, dtype, rows, N, K, seed=16)
     y = _run(hints, m_bucket, x, q, fmt)
-    want = _run(dataclasses.replace(hints, ldm=0), m_bucket, x, q, fmt)
-    assert y[:, 9].isnan().all() and torch.isfinite(torch.cat([want[:, :9], want[:, 10:]], 1)).all()
-    assert torch.equal(y.view(torch.int16), want.view(torch.int16))
+    assert_same_bits(y, _run(dataclasses.replace(hints, ldm=0), m_bucket, x, q, fmt))
 
 
 @pytest.mark.gpu
@@ -126,11 +115,5 @@ def test_gpu_ldmatrix_gives_the_same_bits(fmt, dtype, hints, m_bucket, rows):
 def test_gpu_ldmatrix_one_hot_rows_give_the_decoded_weights(fmt, dtype, hints, m_bucket, rows):
     """Row ``i`` of X one-hot at K ``37 i + 5``: row ``i`` of Y is that column of the reference's
     decoded W (``reference.dequantize``, exact in the activation dtype), bit for bit."""
-    torch.manual_seed(17)
-    q = reference.quantize(torch.randn(N, K, device="cuda") * 0.1, fmt)
-    tdt = getattr(torch, dtype)
-    x = torch.zeros(rows, K, dtype=tdt, device="cuda")
-    cols = torch.arange(rows, device="cuda") * 37 + 5
-    x[torch.arange(rows, device="cuda"), cols] = 1.0
-    want = reference.dequantize(q).to(tdt)[:, cols].T
+    x, q, want = one_hot_case(fmt, dtype, rows, N, K, seed=17)
     assert torch.equal(_run(hints, m_bucket, x, q, fmt), want)
