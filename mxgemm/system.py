@@ -61,6 +61,16 @@ def tvm_info() -> dict[str, str]:
     }
 
 
+@functools.cache
+def tvm_can_compile() -> bool:
+    """Whether this TVM has its compiler library (False for the runtime-only install carried to a GPU
+    box with prebuilt kernels, which can load and run them but not schedule or build)."""
+    import tvm  # noqa: F401  (loads the libraries that register the compiler's functions)
+    import tvm_ffi
+
+    return tvm_ffi.get_global_func("ir.PrimType", allow_missing=True) is not None
+
+
 def gpus() -> list[str]:
     """``"NAME (sm_XY)"`` for each visible CUDA device."""
     if not torch.cuda.is_available():

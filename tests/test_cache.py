@@ -134,10 +134,13 @@ def test_another_users_private_entries_are_rebuilt_elsewhere_not_crashed_on(area
     assert lib_a.read_bytes() == b"library-bytes"  # the owner's entry is left alone
 
 
-def test_a_miss_under_a_runtime_only_tvm_names_the_kernel_and_the_way_out(tmp_path):
+@pytest.mark.parametrize(
+    ("rule", "m_bucket"), [(None, 16), ("tensorcore", 16), ("gemv", 1), ("mma", 16), ("wgmma_w", 128)]
+)
+def test_a_miss_under_a_runtime_only_tvm_names_the_kernel_and_the_way_out(tmp_path, rule, m_bucket):
     """On a GPU box carrying prebuilt kernels and TVM without its compiler library (the device kit), a
     kernel missing from the cache is one clear error naming it, the cache and how to build it, not
-    TVM's ImportError from deep in its script parser."""
+    TVM's ImportError or AttributeError from deep in its script parser or schedule, whichever rule."""
     import tvm
 
     runtime = tmp_path / "site"
@@ -145,10 +148,13 @@ def test_a_miss_under_a_runtime_only_tvm_names_the_kernel_and_the_way_out(tmp_pa
     (runtime / "tvm" / "lib" / "libtvm_compiler.so").unlink()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(runtime), *sys.path]))
     env[cache.ENV_VAR] = str(tmp_path / "cache")
-    child = "import mxgemm; mxgemm.build('mxfp4', n=256, k=256, m_bucket=16, target='sm_90')"
+    asked = f", rule={rule!r}, hints={{}}" if rule else ""
+    child = f"import mxgemm; mxgemm.build('mxfp4', n=256, k=256, m_bucket={m_bucket}, target='sm_90'{asked})"
     proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, check=False)
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("RuntimeError: Kernel(linear mxfp4, n=256, k=256, m_bucket=16"), proc.stderr
+    head = f"RuntimeError: Kernel(linear mxfp4, n=256, k=256, m_bucket={m_bucket}"
+    assert last.startswith(head), proc.stderr
+    assert f"rule={rule or 'default'}" in last
     assert "is not in the kernel cache" in last and "--build-only" in last
     assert "During handling" not in proc.stderr and "direct cause" not in proc.stderr  # one error

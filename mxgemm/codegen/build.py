@@ -195,17 +195,16 @@ def _compile(spec: KernelSpec, out: Path) -> dict[str, Any]:
     """Schedule, compile and export ``spec`` to ``out``; returns metadata (rule, hints, source).
     RuntimeError naming the kernel where this TVM cannot compile (a runtime-only install, as carried
     to a GPU box with prebuilt kernels)."""
-    try:
-        rule, mod, hints = schedule(spec)
-        info = compile_export(mod, spec.target, out)
-    except ImportError as e:
+    if not system.tvm_can_compile():
         name = Kernel(spec, out, {"rule": spec.rule or "default", "hints": spec.hints})
         raise RuntimeError(
             f"{name!r} is not in the kernel cache ({cache.cache_dir()}) and this TVM cannot compile it "
-            f"({e}): build it where the full apache-tvm is installed, from the same sources and tune "
-            "logs (`mxgemm bench --build-only`, `mxgemm tune --build-only`, `python -m "
-            "tests.prebuild_gpu`), and point $MXGEMM_CACHE_DIR at that cache"
-        ) from None
+            "(a runtime-only install, without libtvm_compiler): build it where the full apache-tvm is "
+            "installed, from the same sources and tune logs (`mxgemm bench --build-only`, `mxgemm tune "
+            "--build-only`, `python -m tests.prebuild_gpu`), and point $MXGEMM_CACHE_DIR at that cache"
+        )
+    rule, mod, hints = schedule(spec)
+    info = compile_export(mod, spec.target, out)
     return {"rule": rule, "hints": hints.to_dict() if hints is not None else {}, **info}
 
 
