@@ -112,13 +112,15 @@ def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[s
 
 def candidates(task: Task, budget: int) -> list[tuple[str, dict[str, Any]]]:
     """(rule, hints) to measure: the routed rule's defaults first, the hints of the logs' record for
-    the task (a re-tune is measured against what it would replace, in the same run) and, for bf16, of
-    the fp16 record; then, in turns, a twin of those (:meth:`~mxgemm.rules.base.Rule.twins`: the same
-    kernel with a new option on; the records' before the defaults') and the cheapest hints of a
-    structure not taken yet (:attr:`~mxgemm.rules.base.Rule.structure`: tiles, warps, splits; cheapest
-    by the rule's cost model), so a small budget tries new kernels as well as new options; then the
-    rest, cheapest first; ``budget`` in all. Then as many of each rule that serves the task but that
-    the router does not try untuned (:func:`mxgemm.rules.rivals`), chosen alike (deterministic)."""
+    the task (a re-tune is measured against what it would replace, in the same run), for bf16 of the
+    fp16 record, and of the records of the M buckets beside the task's where the rule offers them
+    (a tile tuned for 1 row can be the best at 4); then, in turns, a twin of those
+    (:meth:`~mxgemm.rules.base.Rule.twins`: the same kernel with a new option on; the records'
+    before the defaults') and the cheapest hints of a structure not taken yet
+    (:attr:`~mxgemm.rules.base.Rule.structure`: tiles, warps, splits; cheapest by the rule's cost
+    model), so a small budget tries new kernels as well as new options; then the rest, cheapest
+    first; ``budget`` in all. Then as many of each rule that serves the task but that the router does
+    not try untuned (:func:`mxgemm.rules.rivals`), chosen alike (deterministic)."""
     from mxgemm import rules
 
     spec = task.spec()
@@ -126,10 +128,13 @@ def candidates(task: Task, budget: int) -> list[tuple[str, dict[str, Any]]]:
     for rule in rules.tunable(spec):
         default = rule.default_hints(spec)
         tuned = [h for h in (_recorded(task, rule), _fp16_twin(task, rule)) if h is not None]
-        seeds = list(dict.fromkeys(h for h in (default, *tuned) if h is not None))
+        offered = rule.candidates(spec)
+        valid = set(offered)
+        beside = [h for h in _beside(task, rule) if h in valid]
+        seeds = list(dict.fromkeys(h for h in (default, *tuned, *beside) if h is not None))
         twins = [t for h in (*tuned, default) if h is not None for t in rule.twins(spec, h)]
         twins = [t for t in dict.fromkeys(twins) if t not in seeds]
-        rest = sorted((h for h in rule.candidates(spec) if h not in seeds), key=lambda h: rule.cost(spec, h))
+        rest = sorted((h for h in offered if h not in seeds), key=lambda h: rule.cost(spec, h))
         out += [(rule.name, h.to_dict()) for h in _spread(rule, seeds, twins, rest, max(1, budget))]
     return out
 
@@ -162,6 +167,17 @@ def _spread(rule, seeds: list, twins: list, ranked: list, budget: int) -> list:
             break
     taken += [h for h in ranked if h not in taken][: budget - len(taken)]
     return taken
+
+
+def _beside(task: Task, rule) -> list:
+    """The hints of ``rule``'s records for the M buckets just below and above the task's (not checked
+    against the task's candidates)."""
+    buckets = [b for b in builder.M_BUCKETS if b is not None]
+    if task.m_bucket not in buckets:
+        return []
+    at = buckets.index(task.m_bucket)
+    near = [buckets[i] for i in (at - 1, at + 1) if 0 <= i < len(buckets)]
+    return [h for b in near if (h := _recorded(replace(task, m_bucket=b), rule)) is not None]
 
 
 def _fp16_twin(task: Task, rule) -> Any:

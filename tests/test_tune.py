@@ -108,6 +108,22 @@ def test_candidates_deterministic_and_valid(arch, fmt, m_bucket, dtype, rule):
     assert all(rule.fits(rule.Hints(**c), task.n, task.k, *([f] if rule is gemv else [])) for c in cands)
 
 
+def test_the_records_of_the_buckets_beside_are_seeds():
+    """A task's candidates hold, right after its own record, the hints of its rule's records for the
+    M buckets just below and above (the shipped log's: mxfp4 14336×4096 at 1, 4 and 16 rows), where
+    the rule offers them for the task; a bucket at the end of the range has one neighbour."""
+    task = tune.Task("mxfp4", 14336, 4096, 4, "float16", "sm_90")
+    rule, spec = rules.get("mma"), task.spec()
+    own = tune._recorded(task, rule)
+    near = [tune._recorded(dataclasses.replace(task, m_bucket=b), rule) for b in (1, 16)]
+    assert own is not None and all(h is not None for h in near) and len({own, *near}) == 3
+    got = [rule.typed(h) for r, h in tune.candidates(task, 8) if r == "mma"]
+    assert got[: got.index(own) + 3] == list(dict.fromkeys([rule.default_hints(spec), own, *near]))
+    assert all(h in rule.candidates(spec) for h in got)
+    first = tune.Task("mxfp4", 14336, 4096, 1, "float16", "sm_90")
+    assert tune._beside(first, rule) == [own]  # one row: only the 4-row bucket above
+
+
 @pytest.mark.parametrize(("m_bucket", "name"), [(512, "wgmma_w"), (16, "mma"), (64, "wgmma_w")])
 def test_a_budget_spreads_over_new_structures_and_option_twins(tmp_path, monkeypatch, m_bucket, name):
     """After the defaults (no record: a shape the logs lack), a budget alternates a twin of them (the
