@@ -9,8 +9,10 @@ kernel each task runs now against ``FMT``'s record for the same key (formats who
 alike, as the 8-bit ones: a tile tuned for one fits the other). With ``--near``, the record against
 every candidate of its rule one field away from it (a local search after a change to the kernels
 themselves, as a faster decode, that may move the best hints a step). With ``--adjacent``, the record
-against the records of the M buckets just below and above it (a tile tuned for 64 rows, two tiles at
-128; hints the tuner's sample may have missed). With ``--resplit``, a ``wgmma_w`` record against
+against the records of the M buckets just below and above it and of larger buckets that measured
+faster (a tile tuned for 64 rows, two tiles at 128; hints the tuner's sample may have missed); with
+``--above``, against the faster records of larger buckets alone (a kernel that serves more rows in
+less time). With ``--resplit``, a ``wgmma_w`` record against
 itself with K split 1, 2 (also in a cluster), 4 or 8 ways, stream-K off (the tuner samples a few
 hundred of the rule's ~30000 candidates a task).
 
@@ -20,6 +22,7 @@ hundred of the rule's ~30000 candidates a task).
     python benchmarks/tune_option.py DIR --like mxfp8_e4m3 --formats mxfp8_e5m2,mxint8 --m 1,16,128
     python benchmarks/tune_option.py DIR --near --dtypes float16 --m 32,64,128
     python benchmarks/tune_option.py DIR --adjacent --m 32,64,128,256
+    python benchmarks/tune_option.py DIR --above --m 32,64,128,256,384,512,640,768,896
     python benchmarks/tune_option.py DIR --resplit --m 128,256
 """
 
@@ -31,7 +34,6 @@ import functools
 import rounds
 
 from mxgemm import rules, tune
-from mxgemm.codegen import build as builder
 from mxgemm.rules.base import replaced
 
 
@@ -94,22 +96,35 @@ def near(task: tune.Task) -> list[tuple[str, dict]]:
     return []
 
 
-def adjacent(task: tune.Task) -> list[tuple[str, dict]]:
-    """The kernel ``task`` runs now (its fused record) and the fused records of the M buckets beside
-    its own, where its rule offers them for ``task`` (none where none differs)."""
+def _with_records(task: tune.Task, records) -> list[tuple[str, dict]]:
+    """The kernel ``task`` runs now (its fused record; decode + cuBLAS rides along where the bucket
+    decides between them) and the hints ``records(task, rule)`` gives for each fused rule, where the
+    rule offers them for ``task`` (none where none is new)."""
     fused = [rules.get(name) for name in ("mma", "wgmma_w")]
     mine = [(r.name, h) for r in fused if (h := tune._recorded(task, r)) is not None]  # noqa: SLF001
-    if not mine:
-        return []
-    buckets, at = builder.M_BUCKETS, builder.M_BUCKETS.index(task.m_bucket)
-    beside = [b for b in (buckets[at - 1] if at else None, *buckets[at + 1 : at + 2]) if b is not None]
     out = list(mine)
     for rule in fused:
-        theirs = [tune._recorded(dataclasses.replace(task, m_bucket=b), rule) for b in beside]  # noqa: SLF001
-        theirs = [h for h in theirs if h is not None and (rule.name, h) not in out]
+        theirs = [h for h in records(task, rule) if (rule.name, h) not in out]
         offered = set(rule.candidates(task.spec())) if theirs else set()
         out += [(rule.name, h) for h in dict.fromkeys(theirs) if h in offered]
     return [(name, h.to_dict()) for name, h in out] if len(out) > len(mine) else []
+
+
+def adjacent(task: tune.Task) -> list[tuple[str, dict]]:
+    """The kernel ``task`` runs now and the fused records of the M buckets beside its own and of the
+    larger buckets that measured faster (the tuner's seeds, ``tune._beside``)."""
+    return _with_records(task, tune._beside)  # noqa: SLF001
+
+
+def above(task: tune.Task) -> list[tuple[str, dict]]:
+    """The kernel ``task`` runs now and the fused records of the larger M buckets that measured
+    faster than its record (:func:`mxgemm.tune.faster_above`)."""
+
+    def records(t, rule):
+        found = (tune._recorded(dataclasses.replace(t, m_bucket=b), rule) for b in tune.faster_above(t))  # noqa: SLF001
+        return [h for h in found if h is not None]
+
+    return _with_records(task, records)
 
 
 def resplit(task: tune.Task) -> list[tuple[str, dict]]:
@@ -139,6 +154,9 @@ def main() -> None:
     how.add_argument(
         "--adjacent", action="store_true", help="the record and the records of the buckets beside"
     )
+    how.add_argument(
+        "--above", action="store_true", help="the record and the faster records of larger buckets"
+    )
     how.add_argument("--resplit", action="store_true", help="the record and it with K split otherwise")
     ap.add_argument("--rule", default="wgmma_w")
     a = ap.parse_args()
@@ -151,6 +169,9 @@ def main() -> None:
         return
     if a.adjacent:
         rounds.build(a, adjacent)
+        return
+    if a.above:
+        rounds.build(a, above)
         return
     if a.resplit:
         rounds.build(a, resplit)

@@ -113,10 +113,11 @@ def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[s
 def candidates(task: Task, budget: int) -> list[tuple[str, dict[str, Any]]]:
     """(rule, hints) to measure: the routed rule's defaults first, the hints of the logs' record for
     the task (a re-tune is measured against what it would replace, in the same run), for bf16 of the
-    fp16 record, and of the records of the M buckets beside the task's where the rule offers them
-    (a tile tuned for 1 row can be the best at 4); then, in turns, a twin of those
-    (:meth:`~mxgemm.rules.base.Rule.twins`: the same kernel with a new option on; the records'
-    before the defaults') and the cheapest hints of a structure not taken yet
+    fp16 record, and of the records of the M buckets beside the task's and of larger buckets that
+    measured faster, where the rule offers them (:func:`_beside`: a tile tuned for 1 row can be the
+    best at 4, a 384-row kernel faster at 256 rows than the 256-row record); then, in turns, a twin
+    of those (:meth:`~mxgemm.rules.base.Rule.twins`: the same kernel with a new option on; the
+    records' before the defaults') and the cheapest hints of a structure not taken yet
     (:attr:`~mxgemm.rules.base.Rule.structure`: tiles, warps, splits; cheapest by the rule's cost
     model), so a small budget tries new kernels as well as new options; then the rest, cheapest
     first; ``budget`` in all. Then as many of each rule that serves the task but that the router does
@@ -170,14 +171,29 @@ def _spread(rule, seeds: list, twins: list, ranked: list, budget: int) -> list:
 
 
 def _beside(task: Task, rule) -> list:
-    """The hints of ``rule``'s records for the M buckets just below and above the task's (not checked
-    against the task's candidates)."""
+    """The hints of ``rule``'s records for the M buckets just below and above the task's, then for
+    every larger bucket whose record measured faster than the task's (:func:`faster_above`), not
+    checked against the task's candidates."""
     buckets = [b for b in builder.M_BUCKETS if b is not None]
     if task.m_bucket not in buckets:
         return []
     at = buckets.index(task.m_bucket)
     near = [buckets[i] for i in (at - 1, at + 1) if 0 <= i < len(buckets)]
-    return [h for b in near if (h := _recorded(replace(task, m_bucket=b), rule)) is not None]
+    near += [b for b in faster_above(task) if b not in near]
+    return list(
+        dict.fromkeys(h for b in near if (h := _recorded(replace(task, m_bucket=b), rule)) is not None)
+    )
+
+
+def faster_above(task: Task) -> list[int]:
+    """The M buckets above the task's whose record (any rule) measured faster than the task's record:
+    their kernels serve the task's rows too (part-filled tiles), so the task's record missed them."""
+    mine = tunelog.lookup(task.key(), _build_versions(task.arch))
+    if mine is None or task.m_bucket is None:
+        return []
+    above = [b for b in builder.M_BUCKETS if b is not None and b > task.m_bucket]
+    recs = {b: tunelog.lookup(replace(task, m_bucket=b).key(), _build_versions(task.arch)) for b in above}
+    return [b for b, r in recs.items() if r is not None and r.us < mine.us]
 
 
 def _fp16_twin(task: Task, rule) -> Any:

@@ -124,6 +124,30 @@ def test_the_records_of_the_buckets_beside_are_seeds():
     assert tune._beside(first, rule) == [own]  # one row: only the 4-row bucket above
 
 
+def test_a_faster_record_of_a_larger_bucket_is_a_seed(tmp_path, monkeypatch):
+    """Where a larger bucket's record measured faster than the task's (a 384-row kernel that serves
+    256 rows in less time than the 256-row record), its hints are among the task's seeds; a slower
+    one beyond the neighbours is not."""
+    rule = rules.get("wgmma_w")
+    task = tune.Task("mxfp4", 6144, 4096, 256, "float16", "sm_90")
+    spec = task.spec()
+    offered = sorted(rule.candidates(spec), key=lambda h: rule.cost(spec, h))
+    mine, fast, slow = offered[5], offered[9], offered[13]
+    versions = tunelog.rule_versions("wgmma_w", tune._build_versions("sm_90"))
+    rec = functools.partial(
+        tunelog.Record, "mxfp4", 6144, 4096, a_dtype="float16", arch="sm_90", block_size=32,
+        rule="wgmma_w", gpu="H200", versions=versions,
+    )  # fmt: skip
+    log = tmp_path / "mine.json"
+    buckets = ((256, 50.0, mine), (512, 40.0, fast), (640, 60.0, slow))
+    tunelog.merge(log, [rec(m_bucket=b, us=us, config=h.to_dict()) for b, us, h in buckets])
+    monkeypatch.setenv("MXGEMM_TUNE_LOG", str(log))
+    assert tune.faster_above(task) == [512]
+    assert fast in tune._beside(task, rule) and slow not in tune._beside(task, rule)
+    seeds = [rule.typed(h) for r, h in tune.candidates(task, 6) if r == "wgmma_w"]
+    assert mine in seeds and fast in seeds and slow not in seeds
+
+
 @pytest.mark.parametrize(("m_bucket", "name"), [(512, "wgmma_w"), (16, "mma"), (64, "wgmma_w")])
 def test_a_budget_spreads_over_new_structures_and_option_twins(tmp_path, monkeypatch, m_bucket, name):
     """After the defaults (no record: a shape the logs lack), a budget alternates a twin of them (the
