@@ -110,12 +110,14 @@ def _with_records(task: tune.Task, records) -> list[tuple[str, dict]]:
     return [(name, h.to_dict()) for name, h in out] if len(out) > len(mine) else []
 
 
+@functools.cache
 def adjacent(task: tune.Task) -> list[tuple[str, dict]]:
     """The kernel ``task`` runs now and the fused records of the M buckets beside its own and of the
     larger buckets that measured faster (the tuner's seeds, ``tune._beside``)."""
     return _with_records(task, tune._beside)  # noqa: SLF001
 
 
+@functools.cache
 def above(task: tune.Task) -> list[tuple[str, dict]]:
     """The kernel ``task`` runs now and the fused records of the larger M buckets that measured
     faster than its record (:func:`mxgemm.tune.faster_above`)."""

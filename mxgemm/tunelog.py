@@ -101,18 +101,30 @@ _FIELD_CHECKS = {  # what each field must hold: a NaN, negative or string time w
 
 def read(path: str | Path) -> list[Record]:
     """Records of a JSON-lines log; unreadable files and corrupt lines (not a record, a field of the wrong
-    kind, hints outside their rule's space) are skipped with a warning."""
-    path = Path(path)
-    if not path.exists():
-        return []
+    kind, hints outside their rule's space) are skipped with a warning (once per version of the file:
+    its records are parsed again only when its text changes)."""
+    return list(_parsed(Path(path))[0])
+
+
+_PARSED: dict[Path, tuple[str, list[Record], dict[tuple, list[Record]]]] = {}
+
+
+def _parsed(path: Path) -> tuple[list[Record], dict[tuple, list[Record]]]:
+    """(records, records by key) of the log at ``path``, parsed again only when its text changed."""
     try:
-        lines = path.read_text().splitlines()
+        text = path.read_text()
+    except FileNotFoundError:
+        return [], {}
     except (OSError, UnicodeDecodeError) as e:
-        warnings.warn(f"tune log {path} is unreadable ({e}); ignored", stacklevel=2)
-        return []
+        warnings.warn(f"tune log {path} is unreadable ({e}); ignored", stacklevel=3)
+        return [], {}
+    hit = _PARSED.get(path)
+    if hit is not None and hit[0] == text:
+        return hit[1], hit[2]
+    lines = text.splitlines()
     from mxgemm.rules import hints_problem
 
-    out = []
+    out, by_key = [], {}
     for no, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -121,9 +133,11 @@ def read(path: str | Path) -> list[Record]:
             if (why := hints_problem(r.rule, r.config)) is not None:
                 raise ValueError(why)
             out.append(r)
+            by_key.setdefault(r.key(), []).append(r)
         except (ValueError, TypeError) as e:
-            warnings.warn(f"tune log {path}:{no} is corrupt ({e}); line ignored", stacklevel=2)
-    return out
+            warnings.warn(f"tune log {path}:{no} is corrupt ({e}); line ignored", stacklevel=3)
+    _PARSED[path] = (text, out, by_key)
+    return out, by_key
 
 
 # What a rule's hints depend on, besides the rule's own file (rules/<rule>.py).
@@ -229,9 +243,7 @@ def _fastest(key: tuple, versions: dict[str, str | None], paths: list[Path] | No
     arch = key[KEY_FIELDS.index("arch")]
     found = None
     for p in paths if paths is not None else [shipped_log(arch), user_log(arch)]:
-        for r in read(p):
-            if r.key() != key:
-                continue
+        for r in _parsed(Path(p))[1].get(key, ()):
             if not _is_current(r, versions):
                 want = rule_versions(r.rule, versions)
                 log.debug("tune log %s: record for %s is from %s, not %s; skipped", p, key, r.versions, want)

@@ -22,6 +22,25 @@ log = logging.getLogger(__name__)
 Make = Callable[[str | None], Any]  # make(decode_dtype) -> the spec's prim_func (decode dtype None: a_dtype)
 
 
+def per_spec(method: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """``method(rule, spec)`` remembered for the last 256 specs (by their fields, the target dict's
+    too): routing asks each rule's defaults many times a spec, and a rule that picks them from its
+    whole hint space (``wgmma_w``: ~30000 sets) takes about a second each time."""
+    seen: dict[tuple[str, str], Any] = {}
+
+    @functools.wraps(method)
+    def remembered(rule: Any, spec: Any) -> Any:
+        fields = dataclasses.asdict(spec) if dataclasses.is_dataclass(spec) else vars(spec)
+        key = (type(rule).__name__, json.dumps(fields, sort_keys=True, default=str))
+        if key not in seen:
+            if len(seen) >= 256:
+                seen.pop(next(iter(seen)))
+            seen[key] = method(rule, spec)
+        return seen[key]
+
+    return remembered
+
+
 class Scheduled(NamedTuple):
     """What a rule made of a spec: the rule's name (``dlight.GEMV`` for the dlight rule it picked),
     the scheduled IRModule and the hints used (None for rules without knobs)."""
@@ -50,6 +69,11 @@ class Rule:
     # hint fields an earlier version had, retired because every value of them built the same kernel
     # as the field's absence: a log's record that names one types without it
     retired: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "default_hints" in cls.__dict__:  # a rule's defaults depend on the spec alone
+            cls.default_hints = per_spec(cls.__dict__["default_hints"])
 
     def applies(self, spec: Any) -> bool:
         """Whether the rule makes a kernel for ``spec`` (its real block size, target and bucket) with
