@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
@@ -114,14 +115,15 @@ def candidates(task: Task, budget: int) -> list[tuple[str, dict[str, Any]]]:
     """(rule, hints) to measure: the routed rule's defaults first, the hints of the logs' record for
     the task (a re-tune is measured against what it would replace, in the same run), for bf16 of the
     fp16 record, and of the records of the M buckets beside the task's and of larger buckets that
-    measured faster, where the rule offers them (:func:`_beside`: a tile tuned for 1 row can be the
-    best at 4, a 384-row kernel faster at 256 rows than the 256-row record); then, in turns, a twin
-    of those (:meth:`~mxgemm.rules.base.Rule.twins`: the same kernel with a new option on; the
-    records' before the defaults') and the cheapest hints of a structure not taken yet
-    (:attr:`~mxgemm.rules.base.Rule.structure`: tiles, warps, splits; cheapest by the rule's cost
-    model), so a small budget tries new kernels as well as new options; then the rest, cheapest
-    first; ``budget`` in all. Then as many of each rule that serves the task but that the router does
-    not try untuned (:func:`mxgemm.rules.rivals`), chosen alike (deterministic)."""
+    measured faster, and for the same bucket on other N of the same K, where the rule offers them
+    (:func:`_beside`, :func:`_same_k`: a tile tuned for 1 row can be the best at 4, a 384-row kernel
+    faster at 256 rows than the 256-row record, 14336×4096's tiles 1.1–1.44x on 11008×4096); then,
+    in turns, a twin of those (:meth:`~mxgemm.rules.base.Rule.twins`: the same kernel with a new
+    option on; the records' before the defaults') and the cheapest hints of a structure not taken
+    yet (:attr:`~mxgemm.rules.base.Rule.structure`: tiles, warps, splits; cheapest by the rule's
+    cost model), so a small budget tries new kernels as well as new options; then the rest,
+    cheapest first; ``budget`` in all. Then as many of each rule that serves the task but that the
+    router does not try untuned (:func:`mxgemm.rules.rivals`), chosen alike (deterministic)."""
     from mxgemm import rules
 
     spec = task.spec()
@@ -131,7 +133,7 @@ def candidates(task: Task, budget: int) -> list[tuple[str, dict[str, Any]]]:
         tuned = [h for h in (_recorded(task, rule), _fp16_twin(task, rule)) if h is not None]
         offered = rule.candidates(spec)
         valid = set(offered)
-        beside = [h for h in _beside(task, rule) if h in valid]
+        beside = [h for h in (*_beside(task, rule), *_same_k(task, rule)) if h in valid]
         seeds = list(dict.fromkeys(h for h in (default, *tuned, *beside) if h is not None))
         twins = [t for h in (*tuned, default) if h is not None for t in rule.twins(spec, h)]
         twins = [t for t in dict.fromkeys(twins) if t not in seeds]
@@ -194,6 +196,31 @@ def faster_above(task: Task) -> list[int]:
     above = [b for b in builder.M_BUCKETS if b is not None and b > task.m_bucket]
     recs = {b: tunelog.lookup(replace(task, m_bucket=b).key(), _build_versions(task.arch)) for b in above}
     return [b for b, r in recs.items() if r is not None and r.us < mine.us]
+
+
+def _same_k(task: Task, rule, most: int = 3) -> list:
+    """The hints of ``rule``'s current records for the task's format, dtype, block size and bucket on
+    other N of the same K, nearest N first (at most ``most``): a tile tuned for 14336×4096 often
+    fits 11008×4096 (not checked against the task's candidates)."""
+    versions = tunelog.rule_versions(rule.name, _build_versions(task.arch))
+    logs = (tunelog.shipped_log(task.arch), tunelog.user_log(task.arch))
+    found = [
+        r
+        for path in logs
+        for r in tunelog.read(path)
+        if (r.fmt, r.k, r.m_bucket, r.a_dtype, r.arch, r.block_size, r.rule)
+        == (task.fmt, task.k, task.m_bucket, task.a_dtype, task.arch, task.block_size, rule.name)
+        and r.n != task.n
+        and r.versions == versions
+    ]
+    found.sort(key=lambda r: (abs(math.log(r.n / task.n)), r.n))
+    hints = []
+    for r in found:
+        try:
+            hints.append(rule.typed(r.config))
+        except (TypeError, ValueError):
+            continue
+    return list(dict.fromkeys(hints))[:most]
 
 
 def _fp16_twin(task: Task, rule) -> Any:

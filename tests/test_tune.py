@@ -148,6 +148,33 @@ def test_a_faster_record_of_a_larger_bucket_is_a_seed(tmp_path, monkeypatch):
     assert mine in seeds and fast in seeds and slow not in seeds
 
 
+def test_records_of_other_n_of_the_same_k_are_seeds(tmp_path, monkeypatch):
+    """A task's seeds hold its rule's records for the same format, dtype and bucket on other N of the
+    same K, nearest N first; records of another K or bucket are not among them."""
+    rule = rules.get("wgmma_w")
+    task = tune.Task("mxfp4", 3072, 3072, 64, "float16", "sm_90")
+    spec = task.spec()
+    offered = sorted(rule.candidates(spec), key=lambda h: rule.cost(spec, h))
+    near, far, other_k, other_m = offered[7], offered[11], offered[15], offered[19]
+    versions = tunelog.rule_versions("wgmma_w", tune._build_versions("sm_90"))
+    rec = functools.partial(
+        tunelog.Record, "mxfp4", a_dtype="float16", arch="sm_90", block_size=32, rule="wgmma_w",
+        gpu="H200", us=20.0, versions=versions,
+    )  # fmt: skip
+    found = (
+        (8192, 3072, 64, far),
+        (2048, 3072, 64, near),
+        (2048, 4096, 64, other_k),
+        (2048, 3072, 128, other_m),
+    )
+    log = tmp_path / "mine.json"
+    tunelog.merge(log, [rec(n=n, k=k, m_bucket=m, config=h.to_dict()) for n, k, m, h in found])
+    monkeypatch.setenv("MXGEMM_TUNE_LOG", str(log))
+    assert tune._same_k(task, rule) == [near, far]
+    seeds = [rule.typed(h) for r, h in tune.candidates(task, 6) if r == "wgmma_w"]
+    assert near in seeds and far in seeds and other_k not in seeds and other_m not in seeds
+
+
 @pytest.mark.parametrize(("m_bucket", "name"), [(512, "wgmma_w"), (16, "mma"), (64, "wgmma_w")])
 def test_a_budget_spreads_over_new_structures_and_option_twins(tmp_path, monkeypatch, m_bucket, name):
     """After the defaults (no record: a shape the logs lack), a budget alternates a twin of them (the
