@@ -177,12 +177,13 @@ def test_records_of_other_n_of_the_same_k_are_seeds(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(("m_bucket", "name"), [(512, "wgmma_w"), (16, "mma"), (64, "wgmma_w")])
 def test_a_budget_spreads_over_new_structures_and_option_twins(tmp_path, monkeypatch, m_bucket, name):
-    """After the defaults (no record: a shape the logs lack), a budget alternates a twin of them (the
-    same kernel with a new option on) and the cheapest hints of a structure not taken yet (its tiles,
-    warps and splits: :attr:`Rule.structure`), so a small budget measures new kernels, not only the
-    defaults' option flips; every candidate valid, none twice."""
+    """After the defaults (no record: a shape the logs lack, nor any of its K, so no record seeds it),
+    a budget alternates a twin of them (the same kernel with a new option on) and the cheapest hints
+    of a structure not taken yet (its tiles, warps and splits: :attr:`Rule.structure`), so a small
+    budget measures new kernels, not only the defaults' option flips; every candidate valid, none
+    twice."""
     monkeypatch.setenv("MXGEMM_TUNE_LOG", str(tmp_path / "none.json"))
-    task = tune.Task("mxfp4", 6144, 4096, m_bucket, "float16", "sm_90")
+    task = tune.Task("mxfp4", 6144, 3072, m_bucket, "float16", "sm_90")
     spec, rule = task.spec(), rules.get(name)
     assert tunelog.lookup(task.key(), tune._build_versions("sm_90")) is None
     got = [rule.typed(h) for r, h in tune.candidates(task, 8) if r == name]
