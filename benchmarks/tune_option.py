@@ -121,12 +121,7 @@ def adjacent(task: tune.Task) -> list[tuple[str, dict]]:
 def above(task: tune.Task) -> list[tuple[str, dict]]:
     """The kernel ``task`` runs now and the fused records of the larger M buckets that measured
     faster than its record (:func:`mxgemm.tune.faster_above`)."""
-
-    def records(t, rule):
-        found = (tune._recorded(dataclasses.replace(t, m_bucket=b), rule) for b in tune.faster_above(t))  # noqa: SLF001
-        return [h for h in found if h is not None]
-
-    return _with_records(task, records)
+    return _with_records(task, lambda t, rule: tune.at_buckets(t, rule, tune.faster_above(t)))
 
 
 def resplit(task: tune.Task) -> list[tuple[str, dict]]:

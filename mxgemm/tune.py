@@ -182,9 +182,14 @@ def _beside(task: Task, rule) -> list:
     at = buckets.index(task.m_bucket)
     near = [buckets[i] for i in (at - 1, at + 1) if 0 <= i < len(buckets)]
     near += [b for b in faster_above(task) if b not in near]
-    return list(
-        dict.fromkeys(h for b in near if (h := _recorded(replace(task, m_bucket=b), rule)) is not None)
-    )
+    return at_buckets(task, rule, near)
+
+
+def at_buckets(task: Task, rule, buckets) -> list:
+    """The hints of ``rule``'s records for ``task``'s key at each M bucket of ``buckets`` that has
+    one (:func:`_recorded`), once each."""
+    hints = (_recorded(replace(task, m_bucket=b), rule) for b in buckets)
+    return list(dict.fromkeys(h for h in hints if h is not None))
 
 
 def faster_above(task: Task) -> list[int]:
@@ -199,28 +204,20 @@ def faster_above(task: Task) -> list[int]:
 
 
 def _same_k(task: Task, rule, most: int = 3) -> list:
-    """The hints of ``rule``'s current records for the task's format, dtype, block size and bucket on
-    other N of the same K, nearest N first (at most ``most``): a tile tuned for 14336×4096 often
-    fits 11008×4096 (not checked against the task's candidates)."""
-    versions = tunelog.rule_versions(rule.name, _build_versions(task.arch))
+    """The hints of ``rule``'s records (:func:`_recorded`) for the task's format, dtype, block size and
+    bucket on other N of the same K, nearest N first (at most ``most``): a tile tuned for 14336×4096
+    often fits 11008×4096 (not checked against the task's candidates)."""
+    mine = (task.fmt, task.k, task.m_bucket, task.a_dtype, task.arch, task.block_size)
     logs = (tunelog.shipped_log(task.arch), tunelog.user_log(task.arch))
-    found = [
-        r
+    ns = {
+        r.n
         for path in logs
         for r in tunelog.read(path)
-        if (r.fmt, r.k, r.m_bucket, r.a_dtype, r.arch, r.block_size, r.rule)
-        == (task.fmt, task.k, task.m_bucket, task.a_dtype, task.arch, task.block_size, rule.name)
-        and r.n != task.n
-        and r.versions == versions
-    ]
-    found.sort(key=lambda r: (abs(math.log(r.n / task.n)), r.n))
-    hints = []
-    for r in found:
-        try:
-            hints.append(rule.typed(r.config))
-        except (TypeError, ValueError):
-            continue
-    return list(dict.fromkeys(hints))[:most]
+        if (r.fmt, r.k, r.m_bucket, r.a_dtype, r.arch, r.block_size) == mine
+    }
+    ns = sorted(ns - {task.n}, key=lambda n: (abs(math.log(n / task.n)), n))
+    hints = (_recorded(replace(task, n=n), rule) for n in ns)
+    return list(dict.fromkeys(h for h in hints if h is not None))[:most]
 
 
 def _fp16_twin(task: Task, rule) -> Any:
