@@ -14,7 +14,8 @@ faster (a tile tuned for 64 rows, two tiles at 128; hints the tuner's sample may
 ``--above``, against the faster records of larger buckets alone (a kernel that serves more rows in
 less time). With ``--resplit``, a ``wgmma_w`` record against
 itself with K split 1, 2 (also in a cluster), 4 or 8 ways, stream-K off (the tuner samples a few
-hundred of the rule's ~30000 candidates a task).
+hundred of the rule's ~30000 candidates a task); an ``mma`` record against itself with K split over a
+cluster of 2 or 4 blocks.
 
     python benchmarks/tune_option.py DIR --option pdl=2 [--rule mma --formats mxfp4 --dtypes float16
         --m 1,4,16 --shapes 4096,4096]
@@ -24,6 +25,7 @@ hundred of the rule's ~30000 candidates a task).
     python benchmarks/tune_option.py DIR --adjacent --m 32,64,128,256
     python benchmarks/tune_option.py DIR --above --m 32,64,128,256,384,512,640,768,896
     python benchmarks/tune_option.py DIR --resplit --m 128,256
+    python benchmarks/tune_option.py DIR --resplit --m 1,4,16
 """
 
 from __future__ import annotations
@@ -127,7 +129,17 @@ def above(task: tune.Task) -> list[tuple[str, dict]]:
 def resplit(task: tune.Task) -> list[tuple[str, dict]]:
     """The log's ``wgmma_w`` record for ``task`` and it with K split otherwise: every split count the
     rule offers at the record's M tile (2: also in a cluster), stream-K off, warp 0 or a producer
-    warpgroup refilling the ring (none where the record is another rule's or nothing differs)."""
+    warpgroup refilling the ring; an ``mma`` record: it with K split over a cluster of 2 or 4 blocks
+    (``ks``), each with the record's K warps or a ``1/ks`` of them (none where the record is another
+    rule's or nothing differs)."""
+    mma = rules.get("mma")
+    if (recorded := tune._recorded(task, mma)) is not None:  # noqa: SLF001
+        offered, out = set(mma.candidates(task.spec())), [recorded]
+        for ks in (2, 4):
+            for kw in dict.fromkeys((recorded.kw, max(1, recorded.kw // ks))):
+                h = replaced(recorded, ks=ks, kw=kw, minb=0)
+                out += [h] if h in offered and h not in out else []
+        return [(mma.name, h.to_dict()) for h in out] if len(out) > 1 else []
     rule = rules.get("wgmma_w")
     recorded = tune._recorded(task, rule)  # noqa: SLF001
     if recorded is None:

@@ -146,7 +146,7 @@ _RULE_INPUTS = ("codegen/prim_func.py", "codegen/decode.py", "formats.py", "layo
 
 # sources a rule has on top of _RULE_INPUTS
 _RULE_EXTRA = {
-    "mma": ("codegen/pairs.py", "codegen/mma.py"),
+    "mma": ("codegen/pairs.py", "codegen/wgmma.py", "codegen/mma.py"),
     "wgmma_w": ("codegen/pairs.py", "codegen/wgmma.py", "codegen/wgmma_w.py"),
     "cpu_dot": ("codegen/cpu_dot.py",),
 }

@@ -1,8 +1,8 @@
 """Build the CUDA kernels of the GPU tests here (no GPU needed) into $MXGEMM_CACHE_DIR, so a GPU box with
 only the TVM runtime can run them: ``MXGEMM_CACHE_DIR=DIR python -m tests.prebuild_gpu sm_90 [JOBS [SETS]]``
 with SETS a comma list of linear, ops, rules, xs, fold, act, module, minilm, wgmma, split, decode,
-frag, stab, ldm (default: all; xs and fold are part of rules; wgmma, decode, frag, stab and ldm: sm_90
-only)."""
+frag, stab, ldm, cluster (default: all; xs and fold are part of rules; wgmma, decode, frag, stab, ldm
+and cluster: sm_90 only)."""
 
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -167,6 +167,14 @@ def ldm_cases(arch):
     yield from (test_mma_ldm.PREBUILD if arch == "sm_90" else ())
 
 
+def cluster_cases(arch):
+    """tests.test_mma_cluster's GPU tests: the mma kernels with K split over a cluster and without
+    (Hopper only)."""
+    from tests import test_mma_cluster
+
+    yield from (test_mma_cluster.PREBUILD if arch == "sm_90" else ())
+
+
 def frag_cases(arch):
     """tests.test_mma_frag's GPU tests: the mma kernels reading codes in fragment order (Hopper only)."""
     from tests import test_mma_frag
@@ -210,6 +218,7 @@ SETS = {
     "frag": frag_cases,
     "stab": stab_cases,
     "ldm": ldm_cases,
+    "cluster": cluster_cases,
 }
 
 

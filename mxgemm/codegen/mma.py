@@ -67,6 +67,7 @@ from tvm import tirx
 from mxgemm import formats
 from mxgemm.codegen import nvcc, pairs
 from mxgemm.codegen.decode import nan_scales, scale_exponent, scale_expr, u32
+from mxgemm.codegen.wgmma import cluster_sync, dsmem_ld4
 from mxgemm.layout import plane_widths
 
 STEP = 32  # K per step: 4 threads × 8 codes
@@ -115,7 +116,10 @@ class Hints:
     M bucket 1) only the fragment's stored column scaled into the accumulator; ldm: 1 (a ring, not
     ``frag``) for the 4-bit plane's codes read by ``ldmatrix`` (a warp's 16 rows of two steps, the
     fragment's words, in one ``.x4``; one step in an ``.x2``) instead of a 32-bit load a row and
-    step, where the format has that plane: a quarter of the loads and of their addresses."""
+    step, where the format has that plane: a quarter of the loads and of their addresses; ks: 1, 2, 4
+    (a ring) blocks of one cluster that split K (``kw`` warps each), their sums added in distributed
+    shared memory (:meth:`_Kernel.cluster_sum`): a grid of few weight tiles gets ``ks`` times the
+    blocks, each with a ``1/ks`` share of K."""
 
     nt: int = 4
     kw: int = 4
@@ -133,6 +137,7 @@ class Hints:
     cvt: int = 0
     stab: int = 0
     ldm: int = 0
+    ks: int = 1
 
     def __post_init__(self) -> None:
         ok = self.nt in (1, 2, 4, 8) and self.kw in (1, 2, 4, 8) and self.stages in (0, 2, 3, 4)
@@ -147,6 +152,7 @@ class Hints:
         ok = ok and self.cvt in ((0, 1) if not self.fold else (0,))
         ok = ok and self.stab in ((0, 1) if self.stages else (0,))
         ok = ok and self.ldm in ((0, 1) if self.stages and not self.frag else (0,))
+        ok = ok and self.ks in ((1, 2, 4) if self.stages else (1,))
         if not ok:
             raise ValueError(f"mma hints out of range: {self}")
 
@@ -170,6 +176,12 @@ def _red_bytes(h: Hints, m_tile: int) -> int:
     return (h.kw - 1) * h.kn * h.nt * -(-m_tile // 8) * 4 * 32 * 4
 
 
+def _part_bytes(h: Hints, m_tile: int) -> int:
+    """The cluster's sum (``ks``): a block's sums (every column's first K warp's), after the
+    cross-warp sum's bytes."""
+    return h.kn * h.nt * -(-m_tile // 8) * 4 * 32 * 4 if h.ks > 1 else 0
+
+
 def _slot_bytes(h: Hints, bits: int, m_tile: int) -> int:
     """One ring slot of a group of ``kn`` warps: each warp's codes and scales, one activation copy."""
     codes, scales, acts = _ring_layout(h, bits, m_tile)
@@ -189,7 +201,7 @@ def smem_bytes(h: Hints, m_tile: int, bits: int = 8) -> tuple[int, int]:
     if not h.stages:
         return red, 0
     ring = h.kw * h.stages * _slot_bytes(h, bits, m_tile) + _table_bytes(h)
-    return 0, max(red, ring, occ_bytes(h.occ))
+    return 0, max(red + _part_bytes(h, m_tile), ring, occ_bytes(h.occ))
 
 
 def occ_bytes(occ: int) -> int:
@@ -247,7 +259,7 @@ class _Kernel:
         self.xt_w = self.xt_n // h.mw  # of one warp
         if self.xt_n % h.mw:
             raise ValueError(f"mma hints {h}: {self.xt_n} n8 tiles of rows do not split over {h.mw} warps")
-        self.steps = k // STEP // h.kw  # K steps per warp
+        self.steps = k // STEP // (h.kw * h.ks)  # K steps per warp
         self.iters = self.steps // h.unroll
         self.wide = n * k >= 2**31
         self.words = 2 if 8 in self.widths else 1  # uint32 words of a lane's codes of a step, per plane
@@ -273,7 +285,7 @@ class _Kernel:
 
     # ---- arguments, threads, registers ---------------------------------------------------------
 
-    def emit(self) -> None:
+    def emit(self) -> None:  # noqa: PLR0915
         T, h, n, k = self.T, self.h, self.n, self.k
         T.func_name("main")
         attrs = {"global_symbol": "main", "tirx.noalias": True}
@@ -296,13 +308,17 @@ class _Kernel:
 
         bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
         ty, tz = T.env_thread("threadIdx.y"), T.env_thread("threadIdx.z")
-        with (
-            T.launch_thread(bx, n // (16 * h.nt * h.kn)),
-            T.launch_thread(tz, h.kn * h.mw),
-            T.launch_thread(ty, h.kw),
-            T.launch_thread(tx, 32),
-        ):
+        with contextlib.ExitStack() as launch:
+            launch.enter_context(T.launch_thread(bx, n // (16 * h.nt * h.kn)))
+            self.rank = 0
+            if h.ks > 1:  # the K splits of a column of tiles: one cluster (its block rank is z)
+                self.rank = T.env_thread("blockIdx.z")
+                launch.enter_context(T.launch_thread(self.rank, h.ks))
+                launch.enter_context(T.launch_thread(T.env_thread("clusterCtaIdx.z"), h.ks))
+            for thread, extent in ((tz, h.kn * h.mw), (ty, h.kw), (tx, 32)):
+                launch.enter_context(T.launch_thread(thread, extent))
             self.ty, self.tz, self.tx = ty, tz, tx
+            self.kseg = ty if h.ks == 1 else self.rank * h.kw + ty  # the warp's K range, of kw·ks
             self.quad, self.j = tx // 4, tx % 4
             # the warp's weight column (kn) and M slice (mw): tz = my * kn + col
             self.col, self.my = (tz, 0) if h.mw == 1 else (tz % h.kn, tz // h.kn)
@@ -474,7 +490,7 @@ class _Kernel:
     def load_x(self, it, xbuf) -> None:
         """The activations of iteration ``it`` from global memory (rows ≥ M keep their zeros)."""
         T, h, k = self.T, self.h, self.k
-        step0 = self.ty * self.steps + it * h.unroll
+        step0 = self.kseg * self.steps + it * h.unroll
         for ur, a in itertools.product(range(h.unroll), range(self.xt_n)):
             xrow = tirx.Cast("int64", a * 8 + self.quad)
             with T.If(xrow < self.m64):
@@ -546,7 +562,7 @@ class _Kernel:
     def load_weights(self, it, wbuf, sbuf) -> None:
         """The codes and scales of iteration ``it`` (``unroll`` steps) into registers."""
         T, h, k = self.T, self.h, self.k
-        step0 = self.ty * self.steps + it * h.unroll
+        step0 = self.kseg * self.steps + it * h.unroll
         if self.s_word:
             for t, r in itertools.product(range(h.nt), range(2)):
                 row = self.n0 + 16 * t + self.quad + 8 * r
@@ -581,7 +597,8 @@ class _Kernel:
         # 48 KB always gets the opt-in: static + dynamic bytes must not pass 48 KB without it)
         red16 = -(-_red_bytes(h, self.m_tile) // 16)
         self.t_off = h.kw * h.stages * self.slot16  # the scale tables (``stab``), after the slots
-        units = max(self.t_off + _table_bytes(h) // 16, red16)
+        self.part_off = red16  # the cluster's sum (``ks``), after the cross-warp sum
+        units = max(self.t_off + _table_bytes(h) // 16, red16 + _part_bytes(h, self.m_tile) // 16)
         if h.occ:  # (smem_bytes)
             units = max(units, occ_bytes(h.occ) // 16)
         self.ring = T.alloc_buffer((units,), "uint32x4", scope="shared.dyn")
@@ -710,7 +727,7 @@ class _Kernel:
                 with T.Then():
                     for t, r in itertools.product(range(h.nt), range(2)):
                         row = self.ix(self.n0 + 16 * t + self.quad + 8 * r)
-                        v = tirx.BufferLoad(s32, [row * row_words + self.ty * (self.steps // 4) + w])
+                        v = tirx.BufferLoad(s32, [row * row_words + self.kseg * (self.steps // 4) + w])
                         T.buffer_store(hi, pairs.vmaxu4(hi[t, r], v), [t, r])
                         T.buffer_store(lo, pairs.vminu4(lo[t, r], v), [t, r])
         ok = self._zeroed((1,), "int32")
@@ -737,7 +754,7 @@ class _Kernel:
         with T.If(tx < 16):
             with T.Then():
                 for it in range(min(h.stages - 1, self.iters)):
-                    step0 = self.ty * self.steps + it * h.unroll
+                    step0 = self.kseg * self.steps + it * h.unroll
                     for t in range(h.nt):
                         row = self.ix(self.n0 + 16 * t + tx)
                         for bb, w in zip(self.B, self.widths, strict=True):
@@ -782,7 +799,7 @@ class _Kernel:
         plane and tile) and scales (``unroll`` bytes a row), by the first warp of each column's ``mw``,
         and the activations (16 bytes a lane a step, by the group)."""
         T, h = self.T, self.h
-        step0 = self.ty * self.steps + it * h.unroll
+        step0 = self.kseg * self.steps + it * h.unroll
         if h.mw == 1:
             self.ring_issue_codes(step0, slot)
         else:
@@ -922,7 +939,7 @@ class _Kernel:
         T, h = self.T, self.h
         nan = tirx.const(float("nan"), "float32")
         with T.serial(0, self.steps) as s:
-            block = (self.ty * self.steps + s) * STEP // self.block_size
+            block = (self.kseg * self.steps + s) * STEP // self.block_size
             for t, r in itertools.product(range(h.nt), range(2)):
                 row = self.n0 + 16 * t + self.quad + 8 * r
                 with T.If(tirx.BufferLoad(self.S, [row, block]) == tirx.const(255, "uint8")):
@@ -954,18 +971,71 @@ class _Kernel:
                         val = tirx.BufferLoad(self.acc, [t, a, e])
                         T.buffer_store(red, val, [ty - 1, self.tz, t, a, e, tx])
             T.evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
+
+        def total(t, a, e):  # the block's sum: this warp's and its column's other K warps'
+            val = tirx.BufferLoad(self.acc, [t, a, e])
+            for w_ in range(h.kw - 1):
+                val = val + tirx.BufferLoad(red, [w_, self.tz, t, a, e, tx])
+            return val
+
+        if h.ks > 1:
+            self.cluster_sum(total)
+            return
         with T.If(ty == 0):
             with T.Then():
                 for t, a, e in tiles:
-                    total = tirx.BufferLoad(self.acc, [t, a, e])
-                    for w_ in range(h.kw - 1):
-                        total = total + tirx.BufferLoad(red, [w_, self.tz, t, a, e, tx])
-                    row = (self.my * xt_n + a) * 8 + self.j * 2 + e % 2
-                    col = self.n0 + 16 * t + self.quad + 8 * (e // 2)
-                    factor = 1.0 if self.h.cvt else pairs.out_factor(self.fmt)  # (cvt: true values)
-                    val = total if self.fold else total * tirx.const(factor, "float32")
-                    if self.bias:
-                        val = val + tirx.Cast("float32", tirx.BufferLoad(self.Bias, [col]))
-                    with T.If(tirx.Cast("int64", row) < self.m64):
-                        with T.Then():
-                            T.buffer_store(self.Y, tirx.Cast(self.out_dtype, val), [row, col])
+                    self.put(t, a, e, total(t, a, e))
+
+    def put(self, t, a, e, total) -> None:
+        """Element ``e`` of this lane's fragment of weight tile ``t`` × activation tile ``a``, summed
+        over K (``total``, float32), to Y: brought to scale, the bias added, where its row is < M."""
+        T = self.T
+        row = (self.my * self.xt_w + a) * 8 + self.j * 2 + e % 2
+        col = self.n0 + 16 * t + self.quad + 8 * (e // 2)
+        factor = 1.0 if self.h.cvt else pairs.out_factor(self.fmt)  # (cvt: true values)
+        val = total if self.fold else total * tirx.const(factor, "float32")
+        if self.bias:
+            val = val + tirx.Cast("float32", tirx.BufferLoad(self.Bias, [col]))
+        with T.If(tirx.Cast("int64", row) < self.m64):
+            with T.Then():
+                T.buffer_store(self.Y, tirx.Cast(self.out_dtype, val), [row, col])
+
+    def cluster_sum(self, total) -> None:
+        """``ks``: the cluster's blocks add up their sums (``total(t, a, e)``, each block's K share) in
+        distributed shared memory: every block but the first parks its first K warps' sums in its
+        ring (16 bytes a lane and fragment), a cluster barrier, the first block's first K warps add
+        them in block order (``ld.shared::cluster``) and write Y, and a second barrier keeps every
+        block's shared memory until they are read."""
+        T, h, ty, tx = self.T, self.h, self.ty, self.tx
+        frags = list(itertools.product(range(h.nt), range(self.xt_w)))
+        if h.kw == 1:  # every warp done with the ring (kw > 1: the cross-warp sum's barriers)
+            T.evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
+
+        # the ring seen as floats, as the cross-warp sum sees it (one element type in its scope)
+        sums = T.decl_buffer((self.ring.shape[0] * 4,), "float32", data=self.ring.data, scope="shared.dyn")
+
+        def addr(t, a):
+            at = (self.part_off + ((self.tz * h.nt + t) * self.xt_w + a) * 32 + tx) * 4
+            return T.cuda.cvta_generic_to_shared(T.address_of(sums[at]))
+
+        with T.If(ty == 0):
+            with T.Then():
+                for t, a, e in itertools.product(range(h.nt), range(self.xt_w), range(4)):
+                    T.buffer_store(self.acc, total(t, a, e), [t, a, e])
+        with T.If(tirx.And(ty == 0, self.rank > 0)):
+            with T.Then():
+                for t, a in frags:
+                    vals = [tirx.reinterpret("uint32", self.acc[t, a, e]) for e in range(4)]
+                    T.evaluate(T.ptx.st.shared.v4.b32(addr(t, a), *vals))
+        cluster_sync(T)
+        with T.If(tirx.And(ty == 0, self.rank == 0)):
+            with T.Then():
+                part = T.alloc_buffer((4,), "float32", scope="local")
+                for t, a in frags:
+                    for rank in range(1, h.ks):  # in block order
+                        dsmem_ld4(T, [part[e] for e in range(4)], addr(t, a), u32(rank))
+                        for e in range(4):
+                            T.buffer_store(self.acc, self.acc[t, a, e] + part[e], [t, a, e])
+                    for e in range(4):
+                        self.put(t, a, e, self.acc[t, a, e])
+        cluster_sync(T)

@@ -23,7 +23,7 @@ M_TILES = (1, 4, 16, 32, 64, 128, 256)
 
 def fits(h: Hints, n: int, k: int) -> bool:
     """Whether ``h`` tiles an ``[n, k]`` weight (of any format: a step is 32 k of every plane)."""
-    return n % (16 * h.nt * h.kn) == 0 and k % STEP == 0 and (k // STEP) % (h.kw * h.unroll) == 0
+    return n % (16 * h.nt * h.kn) == 0 and k % STEP == 0 and (k // STEP) % (h.kw * h.ks * h.unroll) == 0
 
 
 def smem_fits(h: Hints, m_tile: int, bits: int = 8, ring_smem: int = RING_SMEM) -> bool:
@@ -73,7 +73,7 @@ def one_wave(h: Hints, n: int, m_tile: int, bits: int, sms: int, sm_smem: int = 
     """The blocks an SM (``Hints.minb``) that run the grid of ``h`` on ``n`` weight rows as one wave on
     ``sms`` SMs; 0 where that is one block an SM, or more threads, shared memory (``sm_smem`` an SM,
     1 KB of it reserved a block) or registers (under 64 a thread: spills) than an SM has."""
-    per_sm = -(-(n // (16 * h.nt * h.kn)) // sms)
+    per_sm = -(-(n // (16 * h.nt * h.kn) * h.ks) // sms)
     threads = 32 * h.kw * h.kn * h.mw
     block_smem = sum(smem_bytes(h, m_tile, bits)) + 1024
     fits = per_sm * threads <= 2048 and 65536 // (per_sm * threads) >= 64 and per_sm * block_smem <= sm_smem
@@ -87,7 +87,7 @@ class Mma(Rule):
 
     name = "mma"
     Hints = Hints
-    structure = ("nt", "kw", "kn", "mw")
+    structure = ("nt", "kw", "kn", "mw", "ks")
     retired = ("quad",)  # (fp4 into fp16 four pairs a word: the plain decode's kernel, retired 2026-11-29)
 
     @staticmethod
@@ -112,7 +112,12 @@ class Mma(Rule):
         cands += [h for h in tables if smem_fits(h, spec.m_bucket, f.bits, ring)]
         if 4 in plane_widths(f.bits):  # a 4-bit plane's codes by ldmatrix
             cands += [dataclasses.replace(h, ldm=1) for h in cands if h.stages and not h.frag]
-        return cands
+        # K split over a cluster, where the grid is under two blocks an SM (its blocks: the SMs' share)
+        short = [h for h in cands if h.stages and not h.minb and spec.n // (16 * h.nt * h.kn) < 2 * sms]
+        splits = (dataclasses.replace(h, ks=s) for h in short for s in (2, 4))
+        return cands + [
+            h for h in splits if fits(h, spec.n, spec.k) and smem_fits(h, spec.m_bucket, f.bits, ring)
+        ]
 
     def cost(self, spec: Any, h: Hints) -> float:
         """≈ 24 KB of weight loads in flight per SM (Little's law at HBM3 latency), the cross-warp
@@ -122,7 +127,7 @@ class Mma(Rule):
         stages are enough once a slot holds 8 steps, and folded scales pay from 64 rows."""
         bits, m_tile = formats.get(spec.fmt).bits, spec.m_bucket
         sms = targets.sm_count(spec.target["arch"])
-        blocks = spec.n // (16 * h.nt * h.kn)
+        blocks = spec.n // (16 * h.nt * h.kn) * h.ks
         warps = min(blocks * h.kw * h.kn, sms * 32)
         inflight = warps * 32 * 2 * bits * h.unroll * h.nt * max(1, h.stages - 1)
         starved = max(1.0, sms * 24 * 1024 / inflight)
@@ -135,10 +140,11 @@ class Mma(Rule):
         # folded scales, measured on an H200 (tune-fold-*.md): 0.76-1.05x at 16 rows, 1.0-1.2x faster
         # at 64, 1.2-2.0x at 128
         fold = 1.0 if not h.fold else (1.05 if m_tile <= 16 else 0.9 if m_tile <= 64 else 0.75)
-        base = starved * regs * measured * (1 + 0.02 * h.kw) * (1 + 0.05 * (waves > 1))
+        base = starved * regs * measured * (1 + 0.02 * h.kw * h.ks) * (1 + 0.05 * (waves > 1))
         # fp4 into fp16 by the plain decode (the wgmma_w lean round's four pairs a word), one cvt a pair
         fewer = h.cvt or (not h.shl and pairs.quad_supported(formats.get(spec.fmt), spec.a_dtype))
-        return base * (1 + 0.25 * acts) * fold * (0.95 if fewer else 1.0) * (1.01 if h.minb else 1.0)
+        split = 1.1 if h.ks > 1 else 1.0  # (not measured yet: the tuner's to find)
+        return base * (1 + 0.25 * acts) * fold * (0.95 if fewer else 1.0) * (1.01 if h.minb else 1.0) * split
 
     def twins(self, spec: Any, hints: Hints) -> list[Hints]:
         """``hints`` letting the next kernel in after its wait (``pdl`` 2, where it has 1), with the
