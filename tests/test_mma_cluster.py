@@ -102,10 +102,6 @@ def test_the_kernel_launches_a_cluster_and_adds_across_it():
 # ---- on a Hopper GPU -------------------------------------------------------------------------------
 
 
-def _run(hints: mma.Hints, m_bucket: int, x: torch.Tensor, q, fmt: str) -> torch.Tensor:
-    return run_mma(hints, m_bucket, x, q, fmt, N, K)
-
-
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize(("fmt", "dtype"), FORMATS)
@@ -114,7 +110,7 @@ def test_gpu_one_hot_rows_give_the_decoded_weights(fmt, dtype, hints, m_bucket, 
     """Row ``i`` of X one-hot at K ``37 i + 5``: row ``i`` of Y is that column of the reference's
     decoded W (``reference.dequantize``, exact in the activation dtype), bit for bit."""
     x, q, want = one_hot_case(fmt, dtype, rows, N, K, seed=16)
-    assert torch.equal(_run(hints, m_bucket, x, q, fmt), want)
+    assert torch.equal(run_mma(hints, m_bucket, x, q, fmt, N, K), want)
 
 
 @pytest.mark.gpu
@@ -126,7 +122,7 @@ def test_gpu_the_split_adds_what_one_block_adds(fmt, dtype, hints, m_bucket, row
     warp a block, the bits of one block of ``ks`` K warps (the same sums, added in the same order),
     NaN on row 9 alone; with more, the same to the order of the fp32 sums."""
     x, q = binade_case(fmt, dtype, rows, N, K, seed=17)
-    y, want = _run(hints, m_bucket, x, q, fmt), _run(_unsplit(hints), m_bucket, x, q, fmt)
+    y, want = (run_mma(h, m_bucket, x, q, fmt, N, K) for h in (hints, _unsplit(hints)))
     if hints.kw == 1:
         assert_same_bits(y, want)
         return
