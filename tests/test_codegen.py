@@ -580,6 +580,28 @@ def test_mma_minb_fits_the_grid_in_one_wave(tmp_path):
     assert regs[7] <= 65536 // (7 * 128) < regs[0], regs
 
 
+@pytest.mark.nvcc
+def test_mma_minb_caps_the_registers_where_the_blocks_fit(tmp_path):
+    """``minb`` also caps a thread's registers at 128 where that many more blocks' shared memory fits
+    an SM: 4 blocks of 128 threads for a 4-row ring of 25 KB (a twin of those hints), none for a
+    16-row ring of 100 KB (two fit) nor at one row; ptxas keeps the 4-row kernel within 128."""
+    from mxgemm.rules import mma
+    from tests import ptxas
+
+    base = mma.Hints(nt=2, kw=4, unroll=4, stages=2, ldm=1, pdl=2)
+    assert mma.capped(base, 4, 4) == 4
+    assert mma.capped(dataclasses.replace(base, unroll=8), 16, 4) == 0
+    spec = KernelSpec("mxfp4", 8192, 8192, 4, "float16", "float16", False, 32, targets.resolve("sm_90"))
+    assert dataclasses.replace(base, minb=4) in mma.RULE.twins(spec, base)
+    one_row = mma.RULE.candidates(dataclasses.replace(spec, m_bucket=1))
+    assert dataclasses.replace(base, minb=4) not in one_row
+    h = dataclasses.replace(base, minb=4).to_dict()
+    k = mxgemm.build("mxfp4", n=8192, k=8192, m_bucket=4, target="sm_90", hints=h, rule="mma")
+    assert k.info["hints"] == h and "__launch_bounds__(128, 4)" in k.source
+    log = ptxas.report(k.source, tmp_path, "sm_90")
+    assert int(re.search(r"Used (\d+) registers", log)[1]) <= 128, log
+
+
 # ---- kernel cache ---------------------------------------------------------------------------------
 
 _BUILD_SCRIPT = textwrap.dedent(

@@ -105,7 +105,8 @@ class Hints:
     launched early (``pdl``) in beside its own; minb: 0, or the blocks an SM the kernel is compiled to
     hold (``__launch_bounds__``' minimum: ptxas keeps a thread's registers within 64K / (minb ×
     threads)), so a grid a little over what fits an SM's registers runs as one wave instead of a full
-    wave and a thin tail (:func:`mxgemm.rules.mma.one_wave`); cvt: 1 (8-bit float codes,
+    wave and a thin tail (:func:`mxgemm.rules.mma.one_wave`), or a kernel that needs many registers
+    runs more blocks an SM (:func:`mxgemm.rules.mma.capped`: at most 128 a thread); cvt: 1 (8-bit float codes,
     :func:`~mxgemm.codegen.pairs.cvt_supported`, no ``fold``) for each pair by one
     ``cvt.rn.f16x2`` of the two codes (:func:`~mxgemm.codegen.pairs.cvt_pair`; bf16: then widened,
     two ``cvt`` and a ``prmt``) instead of a byte permute and shifts and masks: the same products,

@@ -80,6 +80,14 @@ def one_wave(h: Hints, n: int, m_tile: int, bits: int, sms: int, sm_smem: int = 
     return per_sm if per_sm > 1 and fits else 0
 
 
+def capped(h: Hints, m_tile: int, bits: int, sm_smem: int = SM_SMEM) -> int:
+    """The blocks an SM (``Hints.minb``) that cap a thread's registers at 128 (twice the warps an SM
+    of a kernel that needs 200): 0 where that is one block an SM, or their shared memory (``sm_smem``
+    an SM, 1 KB of it reserved a block) would not let them in anyway."""
+    blocks = 65536 // (128 * 32 * h.kw * h.kn * h.mw)
+    return blocks if blocks > 1 and blocks * (sum(smem_bytes(h, m_tile, bits)) + 1024) <= sm_smem else 0
+
+
 class Mma(Rule):
     """fp16 or bf16 activations, a bucket of :data:`M_TILES`, a format whose codes are exact in that
     dtype (:func:`mxgemm.codegen.pairs.supported`), one scale per step (block ≥ 32) and a shape some hints
@@ -106,7 +114,10 @@ class Mma(Rule):
             cands += [dataclasses.replace(h, cvt=1) for h in cands if not (h.shl or h.fold)]
         sms, sm_smem = targets.sm_count(spec.target["arch"]), min(SM_SMEM, ring + 1024)
         waves = ((h, one_wave(h, spec.n, spec.m_bucket, f.bits, sms, sm_smem)) for h in cands if h.stages)
-        cands += [dataclasses.replace(h, minb=b) for h, b in waves if b]
+        waves = [(h, b) for h, b in waves if b]
+        rings = [h for h in cands if h.stages and spec.m_bucket > 1]
+        caps = ((h, capped(h, spec.m_bucket, f.bits, sm_smem)) for h in rings)
+        cands += [dataclasses.replace(h, minb=b) for h, b in dict.fromkeys([*waves, *caps]) if b]
         # the scale table's bytes can take a candidate past the ring's shared memory
         tables = (dataclasses.replace(h, stab=1) for h in cands if h.stages)
         cands += [h for h in tables if smem_fits(h, spec.m_bucket, f.bits, ring)]
