@@ -83,7 +83,8 @@ def one_wave(h: Hints, n: int, m_tile: int, bits: int, sms: int, sm_smem: int = 
 def capped(h: Hints, m_tile: int, bits: int, sm_smem: int = SM_SMEM) -> int:
     """The blocks an SM (``Hints.minb``) that cap a thread's registers at 128 (twice the warps an SM
     of a kernel that needs 200): 0 where that is one block an SM, or their shared memory (``sm_smem``
-    an SM, 1 KB of it reserved a block) would not let them in anyway."""
+    an SM, 1 KB of it reserved a block) would not let them in anyway. Offered at 4-32 rows: at 64 the
+    capped kernels spill and took 0.22-0.37x the time (H200, ``tune-minb-cap-m4-64-f172481.jsonl``)."""
     blocks = 65536 // (128 * 32 * h.kw * h.kn * h.mw)
     return blocks if blocks > 1 and blocks * (sum(smem_bytes(h, m_tile, bits)) + 1024) <= sm_smem else 0
 
@@ -115,7 +116,7 @@ class Mma(Rule):
         sms, sm_smem = targets.sm_count(spec.target["arch"]), min(SM_SMEM, ring + 1024)
         waves = ((h, one_wave(h, spec.n, spec.m_bucket, f.bits, sms, sm_smem)) for h in cands if h.stages)
         waves = [(h, b) for h, b in waves if b]
-        rings = [h for h in cands if h.stages and spec.m_bucket > 1]
+        rings = [h for h in cands if h.stages and 1 < spec.m_bucket <= 32]  # (64 rows: spills, 0.22-0.37x)
         caps = ((h, capped(h, spec.m_bucket, f.bits, sm_smem)) for h in rings)
         cands += [dataclasses.replace(h, minb=b) for h, b in dict.fromkeys([*waves, *caps]) if b]
         # the scale table's bytes can take a candidate past the ring's shared memory
