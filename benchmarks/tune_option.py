@@ -4,9 +4,11 @@ log's records: per task whose record names the rule, the record's hints as they 
 one run and ``mxgemm tune --merge DIR --replace`` keeps the faster (decode + cuBLAS beside them where
 the bucket decides between it and a fused kernel; ``--option lean=2,early=1``: several at once). With
 ``--twin NAME`` instead, the record against the rule's twins of it (``Rule.twins``) that differ in that
-field (an option whose value depends on the hints, as ``mma``'s ``minb``). With ``--like FMT``, the
-kernel each task runs now against ``FMT``'s record for the same key (formats whose codes are laid out
-alike, as the 8-bit ones: a tile tuned for one fits the other). With ``--near``, the record against
+field (an option whose value depends on the hints, as ``mma``'s ``minb``). With ``--like FMT[,FMT...]``, the
+kernel each task runs now against each ``FMT``'s record for the same key (formats whose codes are laid
+out alike, as the 8-bit ones: a tile tuned for one fits the other; or, for a format new to a rule, as
+mxfp6 between mxfp4 and mxfp8, the records of its neighbours, a ``wgmma_w`` record whose slots do not
+fit its codes in slots of 64 K). With ``--near``, the record against
 every candidate of its rule one field away from it (a local search after a change to the kernels
 themselves, as a faster decode, that may move the best hints a step). With ``--adjacent``, the record
 against the records of the M buckets just below and above it and of larger buckets that measured
@@ -21,6 +23,7 @@ cluster of 2 or 4 blocks.
         --m 1,4,16 --shapes 4096,4096]
     python benchmarks/tune_option.py DIR --twin minb --rule mma --m 1,4,16
     python benchmarks/tune_option.py DIR --like mxfp8_e4m3 --formats mxfp8_e5m2,mxint8 --m 1,16,128
+    python benchmarks/tune_option.py DIR --like mxfp4,mxfp8_e4m3 --formats mxfp6_e2m3 --m 64,128,256
     python benchmarks/tune_option.py DIR --near --dtypes float16 --m 32,64,128
     python benchmarks/tune_option.py DIR --adjacent --m 32,64,128,256
     python benchmarks/tune_option.py DIR --above --m 32,64,128,256,384,512,640,768,896
@@ -32,10 +35,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 
 import rounds
 
 from mxgemm import rules, tune
+from mxgemm.codegen.wgmma_w import BK
 from mxgemm.rules.base import replaced
 
 
@@ -64,22 +69,26 @@ def twins(task: tune.Task, field: str, rule) -> list[tuple[str, dict]]:
 
 
 @functools.cache
-def like(task: tune.Task, fmt: str) -> list[tuple[str, dict]]:
-    """The kernel ``task`` runs now (its record, or the fp16 record a bf16 key borrows) and ``fmt``'s
-    record's hints for the same key (``cvt`` off where the task's format takes none), where a fused
-    rule offers them and they differ (none else)."""
+def like(task: tune.Task, fmts: tuple[str, ...]) -> list[tuple[str, dict]]:
+    """The kernel ``task`` runs now (its record, or the fp16 record a bf16 key borrows) and each of
+    ``fmts``'s fused record's hints for the same key (``cvt`` off where the task's format takes none; a
+    ``wgmma_w`` record whose slots do not fit the task's codes: in as many slots of 64 K as fit),
+    where a fused rule offers them and one differs (none else)."""
     fused = [rules.get(name) for name in ("mma", "wgmma_w")]
     mine = [(r.name, h) for r in fused if (h := tune._recorded(task, r)) is not None]  # noqa: SLF001
-    for rule in fused:
+    out = list(mine)
+    for fmt, rule in itertools.product(fmts, fused):
         theirs = tune._recorded(dataclasses.replace(task, fmt=fmt), rule)  # noqa: SLF001
         if theirs is None:
             continue
         offered = set(rule.candidates(task.spec()))
         theirs = theirs if theirs in offered or not theirs.cvt else replaced(theirs, cvt=0)
-        if theirs not in offered or (rule.name, theirs) in mine:
-            return []
-        return [(name, h.to_dict()) for name, h in [*mine, (rule.name, theirs)]]
-    return []
+        if theirs not in offered and rule.name == "wgmma_w":
+            halves = (replaced(theirs, bk=BK // 2, stages=s) for s in (8, 6, 5, 4))
+            theirs = next((h for h in halves if h in offered), theirs)
+        if theirs in offered and (rule.name, theirs) not in out:
+            out.append((rule.name, theirs))
+    return [(name, h.to_dict()) for name, h in out] if len(out) > len(mine) else []
 
 
 def near(task: tune.Task) -> list[tuple[str, dict]]:
@@ -158,7 +167,7 @@ def main() -> None:
     how = ap.add_mutually_exclusive_group(required=True)
     how.add_argument("--option", help="NAME=VALUE[,NAME=VALUE...], fields of the rule's Hints")
     how.add_argument("--twin", help="NAME, a field of the rule's Hints its twins set")
-    how.add_argument("--like", help="FORMAT, whose records' hints to time against each task's kernel")
+    how.add_argument("--like", help="FORMAT[,FORMAT...], whose records' hints to time against each task's")
     how.add_argument("--near", action="store_true", help="the record and its rule's candidates a field away")
     how.add_argument(
         "--adjacent", action="store_true", help="the record and the records of the buckets beside"
@@ -171,7 +180,7 @@ def main() -> None:
     a = ap.parse_args()
     rule = rules.get(a.rule)
     if a.like:
-        rounds.build(a, lambda task: like(task, a.like))
+        rounds.build(a, lambda task: like(task, tuple(a.like.split(","))))
         return
     if a.near:
         rounds.build(a, near)

@@ -28,7 +28,10 @@ from tests.linear_cases import chain_replays_eagerly
 def test_applies_names_the_problem():
     fp4, fp6 = formats.get("mxfp4"), formats.get("mxfp6_e2m3")
     assert wgmma_w.applies(fp4, 8192, 8192, "float16") is None
-    assert "6 bits" in wgmma_w.applies(fp6, 8192, 8192, "float16")
+    assert wgmma_w.applies(fp6, 8192, 8192, "float16") is None  # two planes: 4 and 2 bits
+    assert "planes of (4, 1) bits" in wgmma_w.applies(formats.get("bfp5"), 8192, 8192, "float16")
+    frag = wgmma_w.applies(fp6, 8192, 8192, "float16", wgmma_w.Hints(frag=1))
+    assert "fragment order takes one plane of 4 or 8 bits" in frag
     assert "N=192 is not a multiple of 128" in wgmma_w.applies(fp4, 192, 8192, "float16")
     assert "K=384 is not a multiple of 256" in wgmma_w.applies(fp4, 256, 384, "float16")
     assert "exceed" in wgmma_w.applies(fp4, 256, 512, "float16", wgmma_w.Hints(2, 6, 1))
@@ -266,6 +269,9 @@ def test_stream_k_costs_the_work_where_waves_quantize():
         ("mxfp8_e4m3", "float16", wgmma_w.Hints(1, 3, 1, mt=256, ring=1, tma=2, frag=1)),
         ("mxfp8_e4m3", "float16", wgmma_w.Hints(2, 5, 1, 256, ring=1, tma=2, prod=2, lean=2, cvt=1, bk=64)),
         ("mxfp4", "bfloat16", wgmma_w.Hints(2, 8, 1, mt=128, ring=1, tma=2, sk=1, prod=2, lean=1, bk=64)),
+        ("mxfp6_e2m3", "float16", wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, prod=2, lean=2)),
+        ("mxfp6_e3m2", "bfloat16", wgmma_w.Hints(2, 5, 1, 256, ring=1, tma=2, prod=2, lean=2, bk=64)),
+        ("bfp6", "float16", wgmma_w.Hints(1, 4, 1, mt=64, splits=2)),
     ],
 )
 def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
@@ -294,7 +300,9 @@ def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
     assert ("cp.async.mbarrier.arrive.noinc" in src) == bool(hints.ring)
     assert ("cp.async.wait_group" in src) == (not hints.ring)
     assert ("cp.async.bulk.tensor.2d" in src) == bool(hints.tma)  # loads by TMA, through tensor maps:
-    assert src.count("__grid_constant__ CUtensorMap") == 2 * hints.tma  # declaration and definition
+    planes = len(layout.plane_widths(formats.get(fmt).bits))  # (6-bit codes: planes of 4 and 2 bits)
+    maps = (0, 1, 1 + planes)[hints.tma]  # the activations', and (tma 2) each code plane's
+    assert src.count("__grid_constant__ CUtensorMap") == 2 * maps  # declaration and definition
     assert ("cp.async.cg.shared.global" in src) == (hints.tma < 2)  # codes by cp.async
     # the producer warpgroup gives its registers to the others (two: 232 a thread) and waits for nothing
     # but empty slots
@@ -444,6 +452,19 @@ SAME_BITS = [
 ]
 
 
+# two bit planes, 4 and 2 bits (6-bit codes), and one of 2 bits: every plane width's copy (cp.async, TMA
+# with 64-, 32- and, in slots of 64 K, 16-byte rows of a plane) and gather, the step's words read early
+# and late (256-row tiles), each ring, split K (a second kernel, a cluster), stream-K, small M tiles
+PLANE_FORMATS = [("mxfp6_e2m3", "float16"), ("mxfp6_e2m3", "bfloat16"), ("mxfp6_e3m2", "float16")]
+PLANE_FORMATS += [("mxfp6_e3m2", "bfloat16"), ("bfp6", "float16"), ("bfp2", "bfloat16")]
+PLANE_TILES = [(wgmma_w.Hints(), 200), GPU_TILES[1], (SPLIT, 77), (TMA1, 150), (TMA2, 37), (BIG, 300)]
+PLANE_TILES += [(SK1, 150), (PRODUCER_128, 150), (LEAN2_SPLIT, 77), (SMALL, 37), (CLUSTER, 150)]
+PLANE_TILES += [(HALF_WIDE, 300), (HALF_SK, 150), PDL_CASES[0]]
+# test_gpu_matches_the_dequantized_product's (fmt, dtype, hints, rows)
+GPU_CASES = [(f, dt, h, m) for f, dt in GPU_FORMATS for h, m in GPU_TILES]
+GPU_CASES += [(f, dt, h, m) for f, dt in PLANE_FORMATS for h, m in PLANE_TILES]
+
+
 def _without(option: str, hints: wgmma_w.Hints) -> wgmma_w.Hints:
     """``hints`` with ``option`` at its default (0; ``bk``: 128)."""
     return dataclasses.replace(hints, **{option: wgmma_w.Hints.__dataclass_fields__[option].default})
@@ -452,8 +473,7 @@ def _without(option: str, hints: wgmma_w.Hints) -> wgmma_w.Hints:
 # the kernels of the GPU tests, (fmt, N, K, dtype, bias, hints), for tests.prebuild_gpu
 PREBUILD = [
     (f, 256, 512, dt, True, h)
-    for f, dt in GPU_FORMATS
-    for h, _ in GPU_TILES
+    for f, dt, h, _ in GPU_CASES
     if wgmma_w.applies(formats.get(f), 256, 512, dt, h) is None
 ]
 PREBUILD += [
@@ -492,7 +512,8 @@ LINEAR_384 = ("mxfp4", 512, 1024, 384, wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tm
 LINEAR_32 = ("mxfp4", 512, 1024, 32, wgmma_w.Hints(2, 4, 1, mt=32, ring=1, tma=2, prod=2, lean=2))
 LINEAR_CLUSTER = ("mxfp4", 512, 1024, 128, dataclasses.replace(LINEAR[4], lean=2, cluster=1))
 LINEAR_512 = ("mxfp4", 512, 1024, 512, CLUSTER_WIDE)
-LINEARS = (LINEAR, LINEAR_384, LINEAR_32, LINEAR_CLUSTER, LINEAR_512)
+LINEAR_6 = ("mxfp6_e3m2", 512, 1024, 128, dataclasses.replace(LINEAR[4], lean=2))  # two code planes
+LINEARS = (LINEAR, LINEAR_384, LINEAR_32, LINEAR_CLUSTER, LINEAR_512, LINEAR_6)
 # the rows test_gpu_linear_runs_the_records_kernel calls each with
 ROWS = {128: 100, 384: 300, 32: 20, 512: 400}
 
@@ -504,8 +525,9 @@ def _run(fmt, x, q, dtype, hints, bias=None):
         pytest.skip(why)
     func = wgmma_w.compiled(fmt, n, k, dtype, bias is not None, hints)
     y = torch.empty(x.shape[0], n, dtype=x.dtype, device="cuda")
-    codes = layout.frag_order(q.blocks, formats.get(fmt).bits) if hints.frag else q.blocks
-    func(x, codes, q.scales, *([bias] if bias is not None else []), y)
+    bits = formats.get(fmt).bits
+    planes = [layout.frag_order(q.blocks, bits)] if hints.frag else layout.to_planes(q.blocks, bits)
+    func(x, *planes, q.scales, *([bias] if bias is not None else []), y)
     return y
 
 
@@ -515,10 +537,21 @@ def _dequant(q, fmt) -> torch.Tensor:
     return torch.from_numpy(oracle.dequantize(codes, q.scales.cpu().numpy(), oracle.SPECS[fmt]))
 
 
+ONE_HOT_TILES = [
+    *(GPU_TILES[1][0], SPLIT, RING, TMA1, TMA2_SPLIT, BIG, SK1, SK2),
+    *(PROD, PROD_SK, PRODUCER, PRODUCER_SPLIT, PRODUCER_SK, LEAN, LEAN_SK, LEAN_SPLIT, SK_BIG, SK_BIG_1),
+    *(LEAN2, LEAN2_SK, LEAN2_SPLIT, SMALL, SMALL_SPLIT, SMALL_SK, SMALL_SK2),
+    *(CLUSTER, CLUSTER_SMALL, CLUSTER_BIG, EARLY, EARLY_PLAIN, FRAG, FRAG_PLAIN, FRAG_BIG),
+    *(HALF_WIDE, HALF_SK, HALF_SPLIT),
+]
+# test_gpu_one_hot_rows_are_bit_exact's (fmt, dtype, hints): every format's, its K order pinned
+ONE_HOT = [(f, dt, h) for f, dt in GPU_FORMATS for h in ONE_HOT_TILES]
+ONE_HOT += [(f, dt, h) for f, dt in PLANE_FORMATS for h, _ in PLANE_TILES]
+
+
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize(("fmt", "dtype"), GPU_FORMATS)
-@pytest.mark.parametrize(("hints", "m"), GPU_TILES)
+@pytest.mark.parametrize(("fmt", "dtype", "hints", "m"), GPU_CASES)
 @pytest.mark.parametrize("unfolded", [False, True])
 def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m, unfolded):
     torch.manual_seed(0)
@@ -544,17 +577,7 @@ def test_gpu_matches_the_dequantized_product(fmt, dtype, hints, m, unfolded):
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize(("fmt", "dtype"), GPU_FORMATS)
-@pytest.mark.parametrize(
-    "hints",
-    [
-        *(GPU_TILES[1][0], SPLIT, RING, TMA1, TMA2_SPLIT, BIG, SK1, SK2),
-        *(PROD, PROD_SK, PRODUCER, PRODUCER_SPLIT, PRODUCER_SK, LEAN, LEAN_SK, LEAN_SPLIT, SK_BIG, SK_BIG_1),
-        *(LEAN2, LEAN2_SK, LEAN2_SPLIT, SMALL, SMALL_SPLIT, SMALL_SK, SMALL_SK2),
-        *(CLUSTER, CLUSTER_SMALL, CLUSTER_BIG, EARLY, EARLY_PLAIN, FRAG, FRAG_PLAIN, FRAG_BIG),
-        *(HALF_WIDE, HALF_SK, HALF_SPLIT),
-    ],
-)
+@pytest.mark.parametrize(("fmt", "dtype", "hints"), ONE_HOT)
 def test_gpu_one_hot_rows_are_bit_exact(fmt, dtype, hints):
     """Activation row i is one 1 at column c_i: output (i, n) is the weight W[n, c_i] itself (rounded
     to the activations' dtype; the bias is zero); split K: the other splits add exact zeros."""

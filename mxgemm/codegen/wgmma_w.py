@@ -13,12 +13,15 @@ spread of the row's largest and no NaN code: a prologue finds each row's largest
 (``__syncthreads_and``); a block that does not fold runs each step's two wgmmas into a fragment that
 is added to the accumulator times the rows' block scales.
 
-The codes are the portable planes that :mod:`~mxgemm.codegen.mma` reads (one plane: 4- or 8-bit
-codes). A wgmma's A fragment wants lane ``j``'s 8 codes of a 32-code step to be those of K ``2j, 2j+1,
-2j+8, 2j+9`` (the step's first k16 wgmma) and ``+16`` (its second), so the activations stay in natural
-K order: each lane loads its rows' 16 (32) bytes of the step and gathers them with ``prmt``. With
-``Hints.frag`` the codes come in fragment order (:func:`~mxgemm.layout.frag_order`): a lane's codes of a
-row's slot are one run, read as they are.
+The codes are the portable planes that :mod:`~mxgemm.codegen.mma` reads (:func:`~mxgemm.layout.plane_widths`:
+one plane of 2, 4 or 8 bits, or for 6-bit codes a plane of their low 4 bits and one of their high 2).
+A wgmma's A fragment wants lane ``j``'s 8 codes of a 32-code step to be those of K ``2j, 2j+1, 2j+8,
+2j+9`` (the step's first k16 wgmma) and ``+16`` (its second), so the activations stay in natural K
+order: each lane loads its rows' 8, 16 or 32 bytes of the step of each plane and gathers them with
+``prmt`` (2-bit planes: and shifts). A slot holds each plane's codes apart, so its rows' 16-byte chunks
+stay whole for ``cp.async`` and TMA. With ``Hints.frag`` the codes (one plane of 4 or 8 bits) come in
+fragment order (:func:`~mxgemm.layout.frag_order`): a lane's codes of a row's slot are one run, read
+as they are.
 
 Block: ``wg`` warpgroups (64 weight rows each) × ``mt`` activation rows, over K in slots of 128
 (4 scale steps, 8 wgmmas). A ``cp.async`` ring of ``stages`` slots holds the activations (two
@@ -98,10 +101,12 @@ from mxgemm.codegen.wgmma import (
     swizzled,
     when,
 )
+from mxgemm.layout import plane_widths
 
 STEP = 32  # K per scale block: two k16 wgmmas
 BK = 128  # K per ring slot (``Hints.bk`` 64: half of it)
-WIDTHS = (4, 8)  # code widths with one bit plane
+WIDTHS = (2, 4, 8)  # widths of the bit planes read (6-bit codes: planes of 4 and 2 bits)
+SWIZZLE = {16: 0, 32: 1, 64: 2, 128: 3}  # TMA's swizzle mode of a plane's row of a slot, by its bytes
 M_TILES = (16, 32, 64, 128, 256)  # activation rows a block
 # past 128 activation rows (a 128-register accumulator), a thread loads a step's code words just
 # before decoding it, and the unfolded path decodes a step at a time and runs its wgmmas on 64-row
@@ -215,8 +220,11 @@ class Hints:
 
 def applies(fmt: formats.Format, n: int, k: int, a_dtype: str, h: Hints = Hints()) -> str | None:
     """Why the kernel cannot run ``[*, k] @ [n, k]^T`` of ``fmt`` weights, or None."""
-    if fmt.bits not in WIDTHS:
-        return f"{fmt.name}: codes of {fmt.bits} bits (one plane of 4 or 8 bits wanted)"
+    widths = plane_widths(fmt.bits)
+    if any(w not in WIDTHS for w in widths):
+        return f"{fmt.name}: codes of {fmt.bits} bits in planes of {widths} bits (planes of 2, 4 or 8 wanted)"
+    if h.frag and (len(widths) > 1 or widths[0] == 2):
+        return f"{fmt.name}: fragment order takes one plane of 4 or 8 bits, not {widths}"
     if pairs.fold(fmt, a_dtype) is None:
         return f"{fmt.name} pairs in {a_dtype} take no folded scale"
     if h.cvt and not pairs.cvt_supported(fmt, a_dtype):
@@ -253,7 +261,8 @@ def kernel(
     hints: Hints = Hints(),
 ) -> tirx.PrimFunc:
     """The kernel as a PrimFunc with :func:`~mxgemm.codegen.prim_func.prim_func`'s arguments: A
-    ``a_dtype [m, k]`` (m dynamic), B uint8 ``[n, k*bits/8]`` (the portable codes, one plane), S uint8
+    ``a_dtype [m, k]`` (m dynamic), B uint8 ``[n, k*bits/8]`` (the portable codes of one plane; of two:
+    B0 uint8 ``[n, k/2]``, the codes' low 4 bits, and B1 uint8 ``[n, k/4]``, their high 2), S uint8
     ``[n, k/32]``, Bias ``out_dtype [n]`` (if ``bias``), Y ``out_dtype [m, n]``."""
     why = applies(fmt, n, k, a_dtype, hints)
     if why:
@@ -283,12 +292,16 @@ class _Kernel:
         self.T, self.fmt, self.n, self.k, self.m_tile = T, fmt, n, k, h.mt
         self.out_dtype, self.bias, self.a_dtype, self.h = out_dtype, bias, a_dtype, h
         self.w = fmt.bits  # bytes of a lane's 8 codes of a row
+        self.widths = plane_widths(fmt.bits)  # its bit planes' widths, low bits first
         self.fold = pairs.fold(fmt, a_dtype, true_values=bool(h.cvt))
         self.fma = None if h.cvt else pairs.bf16_fma(fmt, a_dtype)  # (cvt: true values)
         self.quads = h.lean and pairs.quad_supported(fmt, a_dtype)  # (one plane of 4-bit codes)
         self.codes_off, self.scales_off, self.slot = h.slot_bytes(fmt.bits)
         self.bk, self.steps = h.bk, h.bk // STEP  # K of a slot, scale steps of a slot
         self.chunks = h.bk * fmt.bits // 128  # 16-byte chunks of a row's codes in a slot
+        self.pchunks = [h.bk * w // 128 for w in self.widths]  # of each plane
+        # each plane's codes of a slot: the block's rows, a row's chunks together
+        self.poff = [self.codes_off + 64 * h.wg * 16 * sum(self.pchunks[:p]) for p in range(len(self.widths))]
         self.iters = k // h.bk // h.splits  # a block's
         self.ahead = h.stages - 2 if h.double else h.stages - 1
         self.frag = h.mt // 2  # fp32 registers of a thread's m64n{mt} fragment
@@ -300,11 +313,13 @@ class _Kernel:
 
     def emit(self) -> None:
         T, h, n, k = self.T, self.h, self.n, self.k
-        m, handles, bias_h, y_h = main_args(T, ("A", "B", "S"), self.bias, pdl=bool(h.pdl))
+        planes = ["B"] if len(self.widths) == 1 else [f"B{p}" for p in range(len(self.widths))]
+        m, handles, bias_h, y_h = main_args(T, ("A", *planes, "S"), self.bias, pdl=bool(h.pdl))
         self.m = m
         self.A = T.match_buffer(handles[0], (m, k), self.a_dtype)
-        self.B = T.match_buffer(handles[1], (n, k * self.w // 8), "uint8")
-        self.S = T.match_buffer(handles[2], (n, k // STEP), "uint8")
+        planes = zip(handles[1:-1], self.widths, strict=True)
+        self.Bs = [T.match_buffer(b, (n, k * w // 8), "uint8") for b, w in planes]
+        self.S = T.match_buffer(handles[-1], (n, k // STEP), "uint8")
         self.Bias = T.match_buffer(bias_h, (n,), self.out_dtype) if self.bias else None
         self.Y = T.match_buffer(y_h, (m, n), self.out_dtype)
 
@@ -570,13 +585,15 @@ class _Kernel:
 
     def tensor_maps(self):
         """The host-encoded tensor maps (``tma``) of A (boxes of 64 K × ``mt`` rows, 128-byte swizzle,
-        rows past M zeros) and, with ``tma`` 2, of B (a row's bytes of a slot × the block's rows,
-        swizzled as :meth:`_code_chunk` places them: 32-, 64- or 128-byte rows, swizzles 1, 2, 3)."""
-        T, k, w, rb = self.T, self.k, self.w, 16 * self.chunks
+        rows past M zeros) and, with ``tma`` 2, of each code plane (a row's bytes of a slot × the
+        block's rows, swizzled as :meth:`_code_chunk` places them: 16-, 32-, 64- or 128-byte rows,
+        swizzles 0, 1, 2, 3: :data:`SWIZZLE`)."""
+        T, k = self.T, self.k
         grids = [(self.A, self.a_dtype, (k, self.m, 2 * k, 64, self.m_tile), 3)]
-        if self.h.tma == 2:
+        for b, w, chunks in zip(self.Bs, self.widths, self.pchunks, strict=True) if self.h.tma == 2 else []:
+            rb = 16 * chunks
             dims = (k * w // 8, self.n, k * w // 8, rb, 64 * self.h.wg)
-            grids.append((self.B, "uint8", dims, {32: 1, 64: 2, 128: 3}[rb]))
+            grids.append((b, "uint8", dims, SWIZZLE[rb]))
         maps = []
         for buf, dtype, dims, swizzle in grids:  # dims: sizes, byte stride, box; element strides 1
             tmap = T.Bind(T.tvm_stack_alloca("tensormap", 1))
@@ -596,7 +613,8 @@ class _Kernel:
         chain = T.ptx["cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"]
         loads = [(half * mt * ROW, 0, it * self.bk + 64 * half, m0) for half in range(self.bk // 64)]
         if h.tma == 2:
-            loads.append((self.codes_off, 1, it * 16 * self.chunks, n0))
+            planes = enumerate(zip(self.poff, self.pchunks, strict=True))
+            loads += [(off, 1 + p, it * 16 * c, n0) for p, (off, c) in planes]
         size = self.codes_off + (64 * h.wg * 16 * self.chunks if h.tma == 2 else 0)
         with T.If(self.tx == (128 * h.wg if h.prod == 2 else 0)):
             with T.Then():
@@ -610,12 +628,13 @@ class _Kernel:
     def _addr(self, slot, byte):
         return smem_addr(self.T, self.ring, slot * self.slot + byte)
 
-    def _code_chunk(self, row, chunk):
-        """Where 16-byte chunk ``chunk`` of a row's codes in a slot lives (XOR-moved so the 8 rows a
-        quarter-warp reads start in distinct banks; TMA's 128-, 64- and 32-byte swizzles of the rows)."""
-        pieces = self.chunks
+    def _code_chunk(self, row, chunk, plane: int = 0):
+        """Where 16-byte chunk ``chunk`` of a row's codes of bit plane ``plane`` in a slot lives
+        (XOR-moved so the 8 rows a quarter-warp reads start in distinct banks; TMA's 128-, 64- and
+        32-byte swizzles of the rows; rows of one chunk stay as they are)."""
+        pieces = self.pchunks[plane]
         key = row % 8 if pieces >= 8 else (row // 2) % 4 if pieces == 4 else (row // 4) % 2
-        return self.codes_off + row * 16 * pieces + tirx.bitwise_xor(chunk, key % pieces) * 16
+        return self.poff[plane] + row * 16 * pieces + tirx.bitwise_xor(chunk, key % pieces) * 16
 
     def issue(self, it, slot) -> None:
         """``cp.async`` (and TMA) of the activations, codes and scale codes of ring count ``it`` (its
@@ -636,14 +655,15 @@ class _Kernel:
             if self.m_tile * per < threads * (r + 1):
                 conds.insert(0, i < self.m_tile * per)
             when(T, conds, cp16(dst, self.A.ptr_to([m0 + row, it * self.bk + 8 * c16]), 16))
-        # codes: the row's bytes of the slot in 16-byte chunks
-        rows, per = 64 * h.wg, self.chunks
-        for r in range(0 if h.tma == 2 else -(-rows * per // threads)):
-            i = tx + threads * r
-            row, c = i // per, i % per
-            src = self.B.ptr_to([n0 + row, it * 16 * per + 16 * c])
-            conds = [i < rows * per] if rows * per < threads * (r + 1) else []
-            when(T, conds, cp16(self._addr(slot, self._code_chunk(row, c)), src, 16))
+        # codes: the row's bytes of the slot in 16-byte chunks, plane by plane
+        rows = 64 * h.wg
+        for p, (b, per) in enumerate(zip(self.Bs, self.pchunks, strict=True)):
+            for r in range(0 if h.tma == 2 else -(-rows * per // threads)):
+                i = tx + threads * r
+                row, c = i // per, i % per
+                src = b.ptr_to([n0 + row, it * 16 * per + 16 * c])
+                conds = [i < rows * per] if rows * per < threads * (r + 1) else []
+                when(T, conds, cp16(self._addr(slot, self._code_chunk(row, c, p)), src, 16))
         # scale codes: 4 bytes a row, those of the 128 K the slot is in (prod: warp 0's lanes, a row each 32)
         cp4 = T.ptx["cp.async.ca.shared.global"]
         window = it * (BK // STEP) if self.bk == BK else it // 2 * (BK // STEP)  # the word's first code
@@ -660,29 +680,40 @@ class _Kernel:
     # ---- decode and wgmma -----------------------------------------------------------------------
 
     def lane_words(self, slot, row, u, words, r) -> None:
-        """This lane's codes of step ``u`` of ``row`` into ``words[u, r]``: the 8 codes of K ``2j, 2j+1,
-        2j+8, 2j+9`` and ``+16`` (the step's two k16 wgmmas), gathered from the step's portable bytes
-        with ``prmt`` (4-bit codes: bytes ``j, 4+j, 8+j, 12+j``; 8-bit: half ``j % 2`` of words
-        ``j/2, 2+j/2, 4+j/2, 6+j/2``)."""
+        """This lane's codes of step ``u`` of ``row`` into ``words[u, r]`` (a word a plane, two of one
+        8-bit plane): the 8 codes of K ``2j, 2j+1, 2j+8, 2j+9`` and ``+16`` (the step's two k16
+        wgmmas), gathered from the step's portable bytes with ``prmt`` (4-bit codes: bytes ``j, 4+j,
+        8+j, 12+j``; 8-bit: half ``j % 2`` of words ``j/2, 2+j/2, 4+j/2, 6+j/2``; 2-bit: nibble ``j``
+        of each 16-bit half of the step's 8 bytes, bytes ``j/2, 2+j/2, 4+j/2, 6+j/2`` then shifts)."""
         T, j = self.T, self.j
         ld = T.ptx.ld.shared
         perm = lambda a, b, sel: tirx.call_pure_extern("uint32", "__byte_perm", a, b, sel)  # noqa: E731
-        raw = T.alloc_buffer((4 * (self.w // 4),), "uint32", scope="local")
-        raw4 = [[raw[4 * c + i] for i in range(4)] for c in range(self.w // 4)]
-        for c in range(self.w // 4):
-            T.evaluate(ld.v4.b32(*raw4[c], self._addr(slot, self._code_chunk(row, (self.w // 4) * u + c))))
         ju = tirx.Cast("uint32", j)
-        if self.w == 4:
-            pick = ju | ((ju + u32(4)) << u32(4))  # byte j of the first word, then of the second
-            lo, hi = perm(raw4[0][0], raw4[0][1], pick), perm(raw4[0][2], raw4[0][3], pick)
-            T.buffer_store(words, perm(lo, hi, u32(0x5410)), [u, r, 0])
-            return
-        half = (ju % u32(2)) * u32(2)  # half j % 2 of the first word, then of the second
-        pick = half | ((half + u32(1)) << u32(4)) | ((half + u32(4)) << u32(8)) | ((half + u32(5)) << u32(12))
-        odd = j >= 2  # words j / 2 + 2i
-        word = lambda i: tirx.Select(odd, raw[2 * i + 1], raw[2 * i])  # noqa: E731
-        for out in range(2):
-            T.buffer_store(words, perm(word(2 * out), word(2 * out + 1), pick), [u, r, out])
+        for p, w in enumerate(self.widths):
+            if w == 2:  # the step's 8 bytes: half a chunk
+                raw = T.alloc_buffer((2,), "uint32", scope="local")
+                at = self._code_chunk(row, u * 8 // 16, p) + 8 * u % 16
+                T.evaluate(ld.v2.b32(raw[0], raw[1], self._addr(slot, at)))
+                pick = ju // u32(2) * u32(0x1111) + u32(0x6420)  # byte j / 2 of each 16-bit half
+                x = perm(raw[0], raw[1], pick) >> (ju % u32(2) * u32(4)) & u32(0x0F0F0F0F)
+                T.buffer_store(words, perm(x | x >> u32(4), u32(0), u32(0x4420)), [u, r, p])
+                continue
+            raw = T.alloc_buffer((4 * (w // 4),), "uint32", scope="local")
+            raw4 = [[raw[4 * c + i] for i in range(4)] for c in range(w // 4)]
+            for c in range(w // 4):
+                T.evaluate(ld.v4.b32(*raw4[c], self._addr(slot, self._code_chunk(row, (w // 4) * u + c, p))))
+            if w == 4:
+                pick = ju | ((ju + u32(4)) << u32(4))  # byte j of the first word, then of the second
+                lo, hi = perm(raw4[0][0], raw4[0][1], pick), perm(raw4[0][2], raw4[0][3], pick)
+                T.buffer_store(words, perm(lo, hi, u32(0x5410)), [u, r, p])
+                continue
+            half = (ju % u32(2)) * u32(2)  # half j % 2 of the first word, then of the second
+            pick = half | ((half + u32(1)) << u32(4)) | ((half + u32(4)) << u32(8))
+            pick = pick | ((half + u32(5)) << u32(12))
+            odd = j >= 2  # words j / 2 + 2i
+            word = lambda i, raw=raw, odd=odd: tirx.Select(odd, raw[2 * i + 1], raw[2 * i])  # noqa: E731
+            for out in range(2):
+                T.buffer_store(words, perm(word(2 * out), word(2 * out + 1), pick), [u, r, out])
 
     def row_words(self, slot, row, steps, words, r) -> None:
         """This lane's codes of ``steps`` of ``row`` into ``words[u, r]`` (:meth:`lane_words`); ``frag``:
@@ -730,7 +761,7 @@ class _Kernel:
                 quads = [pairs.decode_quad(self.fmt, tirx.BufferLoad(words, [u, r, 0])) for r in range(2)]
             for g, q in itertools.product(range(2), range(4)):
                 # wgmma g's A: rows quad / quad+8 (q % 2) × K 16g + 2j.. / +8 (q // 2)
-                wd = lambda p, i, u=u, r=q % 2: tirx.BufferLoad(words, [u, r, i])  # noqa: E731
+                wd = lambda p, i, u=u, r=q % 2: tirx.BufferLoad(words, [u, r, p + i])  # noqa: E731
                 a = self.afr[buf, u, g, q]
                 if self.h.cvt:  # codes 2p, 2p+1 (p = 2g + q // 2): 16-bit half p % 2 of word p // 2
                     pairs.cvt_pair(
@@ -945,9 +976,9 @@ class _Kernel:
         with T.If(self.tx < 64 * h.wg):
             with T.Then():
                 row = self.n0 + self.tx
-                for off in range(0, its * 16 * self.chunks, 128):
-                    src = self.B.ptr_to([row, first * 16 * self.chunks + off])
-                    T.evaluate(T.ptx.prefetch.global_.L2(src))
+                for b, chunks in zip(self.Bs, self.pchunks, strict=True):
+                    for off in range(0, its * 16 * chunks, 128):
+                        T.evaluate(T.ptx.prefetch.global_.L2(b.ptr_to([row, first * 16 * chunks + off])))
                 T.evaluate(T.ptx.prefetch.global_.L2(self.S.ptr_to([row, first * self.steps])))
 
     def prologue(self) -> None:

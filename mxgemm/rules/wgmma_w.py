@@ -27,8 +27,8 @@ BUCKETS = (32, 64, 128, 256, *WIDE_M_BUCKETS)
 
 class WgmmaW(Rule):
     """sm_90 (the kernel is compiled for sm_90a), fp16 or bf16 activations, a bucket of
-    :data:`BUCKETS`, one plane of 4- or 8-bit codes whose block scales fold into the activations'
-    dtype (:func:`mxgemm.codegen.wgmma_w.applies`), blocks of 32."""
+    :data:`BUCKETS`, codes in planes of 2, 4 or 8 bits (6-bit codes: 4 and 2) whose block scales fold
+    into the activations' dtype (:func:`mxgemm.codegen.wgmma_w.applies`), blocks of 32."""
 
     name = "wgmma_w"
     Hints = Hints
