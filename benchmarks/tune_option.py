@@ -8,9 +8,10 @@ field (an option whose value depends on the hints, as ``mma``'s ``minb``). With 
 kernel each task runs now against each ``FMT``'s record for the same key (formats whose codes are laid
 out alike, as the 8-bit ones: a tile tuned for one fits the other; or, for a format new to a rule, as
 mxfp6 between mxfp4 and mxfp8, the records of its neighbours, a ``wgmma_w`` record whose slots do not
-fit its codes in slots of 64 K). With ``--near``, the record against
-every candidate of its rule one field away from it (a local search after a change to the kernels
-themselves, as a faster decode, that may move the best hints a step). With ``--adjacent``, the record
+fit its codes in slots of 64 K; ``--cheapest``: and the ``wgmma_w`` rule's cheapest hints). With
+``--near``, the record against every candidate of its rule one field away from it (a local search
+after a change to the kernels themselves, as a faster decode, that may move the best hints a step).
+With ``--adjacent``, the record
 against the records of the M buckets just below and above it and of larger buckets that measured
 faster (a tile tuned for 64 rows, two tiles at 128; hints the tuner's sample may have missed); with
 ``--above``, against the faster records of larger buckets alone (a kernel that serves more rows in
@@ -23,7 +24,8 @@ cluster of 2 or 4 blocks.
         --m 1,4,16 --shapes 4096,4096]
     python benchmarks/tune_option.py DIR --twin minb --rule mma --m 1,4,16
     python benchmarks/tune_option.py DIR --like mxfp8_e4m3 --formats mxfp8_e5m2,mxint8 --m 1,16,128
-    python benchmarks/tune_option.py DIR --like mxfp4,mxfp8_e4m3 --formats mxfp6_e2m3 --m 64,128,256
+    python benchmarks/tune_option.py DIR --like mxfp4,mxfp8_e4m3 --cheapest --formats mxfp6_e2m3,mxfp6_e3m2 \
+        --m 32,64,128,256,384,512,640,768,896,1024
     python benchmarks/tune_option.py DIR --near --dtypes float16 --m 32,64,128
     python benchmarks/tune_option.py DIR --adjacent --m 32,64,128,256
     python benchmarks/tune_option.py DIR --above --m 32,64,128,256,384,512,640,768,896
@@ -162,6 +164,18 @@ def resplit(task: tune.Task) -> list[tuple[str, dict]]:
     return [(rule.name, h.to_dict()) for h in out] if len(out) > 1 else []
 
 
+def cheapest(task: tune.Task, pairs: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """``pairs`` (a task's candidates) and the ``wgmma_w`` rule's cheapest hints for ``task`` (its
+    default), where the rule serves it; none where that adds nothing to the kernel it runs now."""
+    rule = rules.get("wgmma_w")
+    mine = [r for r in ("mma", "wgmma_w") if tune._recorded(task, rules.get(r)) is not None]  # noqa: SLF001
+    out = pairs or [(r, tune._recorded(task, rules.get(r)).to_dict()) for r in mine]  # noqa: SLF001
+    best = rule.default_hints(task.spec()) if rule.applies(task.spec()) else None
+    if best is not None and (rule.name, best.to_dict()) not in out:
+        out = [*out, (rule.name, best.to_dict())]
+    return out if len(out) > len(mine) else []
+
+
 def main() -> None:
     ap = rounds.arguments(__doc__, "32,64,128,256", (*rounds.SHAPES, (1024, 4096)))
     how = ap.add_mutually_exclusive_group(required=True)
@@ -176,11 +190,13 @@ def main() -> None:
         "--above", action="store_true", help="the record and the faster records of larger buckets"
     )
     how.add_argument("--resplit", action="store_true", help="the record and it with K split otherwise")
+    ap.add_argument("--cheapest", action="store_true", help="with --like: and the wgmma_w rule's default")
     ap.add_argument("--rule", default="wgmma_w")
     a = ap.parse_args()
     rule = rules.get(a.rule)
     if a.like:
-        rounds.build(a, lambda task: like(task, tuple(a.like.split(","))))
+        fmts = tuple(a.like.split(","))
+        rounds.build(a, lambda task: cheapest(task, like(task, fmts)) if a.cheapest else like(task, fmts))
         return
     if a.near:
         rounds.build(a, near)
