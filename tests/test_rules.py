@@ -58,7 +58,8 @@ def test_the_registry_names_every_rule():
         (_spec("mxfp4", 4096, 4096, 64, "float16"), {"mma", "wgmma_w", "tensorcore", "dlight"}),
         (_spec("mxfp4", 4096, 4096, 256, "float16"), {"mma", "wgmma_w", "dlight"}),  # mma: warps splitting M
         (_spec("mxfp4", 4096, 4096, 128, "bfloat16", arch="sm_80"), {"mma", "dlight"}),  # wgmma: sm_90 only
-        (_spec("mxfp6_e2m3", 4096, 4096, 128, "float16"), {"mma", "dlight"}),  # wgmma_w: 4/8 bits
+        (_spec("mxfp6_e2m3", 4096, 4096, 128, "float16"), {"mma", "wgmma_w", "dlight"}),  # planes 4 + 2
+        (_spec("bfp5", 4096, 4096, 128, "float16"), {"mma", "dlight"}),  # wgmma_w: planes of 2/4/8 bits
         (_spec("mxfp4", 4096, 4096, None, "float16"), {"dlight"}),
         (_spec("mxfp4", 4096, 4096, 16, "bfloat16"), {"mma", "gemv", "dlight"}),  # bf16 mma; tensorcore: fp16
         (_spec("mxfp4", 4096, 4096, 4, "float16", block_size=16), {"gemv", "dlight"}),  # 2 scales a step
@@ -81,6 +82,7 @@ def test_the_registry_names_every_rule():
         "m256",
         "m128-sm80",
         "m128-6bit",
+        "m128-5bit",
         "m-any",
         "bf16",
         "block16",

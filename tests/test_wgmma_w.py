@@ -331,7 +331,7 @@ def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
 
 # ---- on a Hopper GPU (kernels built where TVM can build them) -----------------------------------------
 
-# every format the rule serves (one plane of 4 or 8 bits), fp16 and bf16
+# every format the rule serves in one plane of 4 or 8 bits, fp16 and bf16 (more planes: PLANE_FORMATS)
 GPU_FORMATS = [
     (f, dt)
     for f in ("mxfp4", "mxfp8_e4m3", "mxfp8_e5m2", "mxint8", "bfp4", "bfp8")
