@@ -70,14 +70,22 @@ def twins(task: tune.Task, field: str, rule) -> list[tuple[str, dict]]:
     return [(rule.name, h.to_dict()) for h in [recorded, *other]] if other else []
 
 
+FUSED = ("mma", "wgmma_w")  # the rules whose records these rounds time against other hints
+
+
+def fused_records(task: tune.Task) -> list[tuple[str, object]]:
+    """(rule name, hints) of the log's fused records for ``task`` (none where it runs decode + cuBLAS)."""
+    return [(name, h) for name in FUSED if (h := tune._recorded(task, rules.get(name))) is not None]  # noqa: SLF001
+
+
 @functools.cache
 def like(task: tune.Task, fmts: tuple[str, ...]) -> list[tuple[str, dict]]:
     """The kernel ``task`` runs now (its record, or the fp16 record a bf16 key borrows) and each of
     ``fmts``'s fused record's hints for the same key (``cvt`` off where the task's format takes none; a
     ``wgmma_w`` record whose slots do not fit the task's codes: in as many slots of 64 K as fit),
     where a fused rule offers them and one differs (none else)."""
-    fused = [rules.get(name) for name in ("mma", "wgmma_w")]
-    mine = [(r.name, h) for r in fused if (h := tune._recorded(task, r)) is not None]  # noqa: SLF001
+    fused = [rules.get(name) for name in FUSED]
+    mine = fused_records(task)
     out = list(mine)
     for fmt, rule in itertools.product(fmts, fused):
         theirs = tune._recorded(dataclasses.replace(task, fmt=fmt), rule)  # noqa: SLF001
@@ -113,10 +121,9 @@ def _with_records(task: tune.Task, records) -> list[tuple[str, dict]]:
     """The kernel ``task`` runs now (its fused record; decode + cuBLAS rides along where the bucket
     decides between them) and the hints ``records(task, rule)`` gives for each fused rule, where the
     rule offers them for ``task`` (none where none is new)."""
-    fused = [rules.get(name) for name in ("mma", "wgmma_w")]
-    mine = [(r.name, h) for r in fused if (h := tune._recorded(task, r)) is not None]  # noqa: SLF001
+    mine = fused_records(task)
     out = list(mine)
-    for rule in fused:
+    for rule in (rules.get(name) for name in FUSED):
         theirs = [h for h in records(task, rule) if (rule.name, h) not in out]
         offered = set(rule.candidates(task.spec())) if theirs else set()
         out += [(rule.name, h) for h in dict.fromkeys(theirs) if h in offered]
@@ -168,8 +175,8 @@ def cheapest(task: tune.Task, pairs: list[tuple[str, dict]]) -> list[tuple[str, 
     """``pairs`` (a task's candidates) and the ``wgmma_w`` rule's cheapest hints for ``task`` (its
     default), where the rule serves it; none where that adds nothing to the kernel it runs now."""
     rule = rules.get("wgmma_w")
-    mine = [r for r in ("mma", "wgmma_w") if tune._recorded(task, rules.get(r)) is not None]  # noqa: SLF001
-    out = pairs or [(r, tune._recorded(task, rules.get(r)).to_dict()) for r in mine]  # noqa: SLF001
+    mine = fused_records(task)
+    out = pairs or [(name, h.to_dict()) for name, h in mine]
     best = rule.default_hints(task.spec()) if rule.applies(task.spec()) else None
     if best is not None and (rule.name, best.to_dict()) not in out:
         out = [*out, (rule.name, best.to_dict())]
