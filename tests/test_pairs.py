@@ -30,7 +30,22 @@ def _words(codes: np.ndarray, bits: int) -> np.ndarray:
     return out
 
 
-def _decode_fn(fmt, cases: int, left: bool, dtype: str, quad: bool = False):
+def _high_nibbles(words: np.ndarray, at: int, rng) -> np.ndarray:
+    """The high (2-bit) plane of 6-bit runs (``_words``' plane 1) as :func:`pairs.six_words` takes it:
+    nibble ``p`` (codes ``2p``, ``2p + 1``) at bits ``at .. at + 3`` of byte ``p``, random bits
+    around it (as the ``wgmma_w`` kernel's gather leaves them)."""
+    hi = np.zeros(words.shape[0], np.uint32)
+    for p in range(4):
+        nib = words[:, 1, 0] >> np.uint32(4 * p) & np.uint32(15)
+        junk = rng.integers(0, 256, words.shape[0], dtype=np.uint32) & np.uint32(~(15 << at) & 255)
+        hi |= (nib << np.uint32(at) | junk) << np.uint32(8 * p)
+    return hi
+
+
+def _decode_fn(fmt, cases: int, how: str, dtype: str, at: int = 0):
+    """LLVM function ``f(W, H, O)``: ``O[c, pair]`` the pairs of run ``c`` (``W``: ``_words``; ``H``:
+    :func:`_high_nibbles`, read by ``how`` "six" only) decoded ``how``: "right" / "left"
+    (:func:`pairs.decode_pair`), "quad" (:func:`pairs.decode_quad`), "six" (:func:`pairs.six_pair`)."""
     import tvm
     from tvm.script.ir_builder import IRBuilder
     from tvm.script.ir_builder import tirx as T
@@ -40,15 +55,37 @@ def _decode_fn(fmt, cases: int, left: bool, dtype: str, quad: bool = False):
         with T.prim_func():
             T.func_name("main")
             w = T.match_buffer(T.arg("W", T.handle()), (cases, n_planes, 2), "uint32")
+            hi = T.match_buffer(T.arg("H", T.handle()), (cases,), "uint32")
             o = T.match_buffer(T.arg("O", T.handle()), (cases, 4), "uint32")
             with T.serial(0, cases) as c:
-                quads = pairs.decode_quad(fmt, w[c, 0, 0], cuda=False) if quad else None
+                quads = pairs.decode_quad(fmt, w[c, 0, 0], cuda=False) if how == "quad" else None
+                six = pairs.six_words(w[c, 0, 0], hi[c], at, cuda=False) if how == "six" else None
                 for pair in range(4):
-                    bits = quads[pair] if quad else pairs.decode_pair(
-                        fmt, lambda p, i: w[c, p, i], pair, cuda=False, left=left, dtype=dtype
-                    )  # fmt: skip
+                    if how == "quad":
+                        bits = quads[pair]
+                    elif how == "six":
+                        bits = pairs.six_pair(fmt, *six, pair, cuda=False, dtype=dtype)
+                    else:
+                        wd = lambda p, i: w[c, p, i]  # noqa: E731
+                        bits = pairs.decode_pair(fmt, wd, pair, cuda=False, left=how == "left", dtype=dtype)
                     T.buffer_store(o, bits, [c, pair])
     return tvm.compile(tvm.IRModule({"main": ib.get()}), target="llvm")["main"]
+
+
+def _run(fmt, codes: np.ndarray, how: str, dtype: str, at: int = 0) -> np.ndarray:
+    """uint32 ``[runs, 4]``: the pairs of the runs of 8 ``codes`` (uint8 ``[runs, 8]``), decoded ``how``."""
+    import tvm
+
+    words = _words(codes, fmt.bits)
+    hi = (
+        _high_nibbles(words, at, np.random.default_rng(at))
+        if how == "six"
+        else np.zeros(len(codes), np.uint32)
+    )
+    out = np.zeros((codes.shape[0], 4), np.uint32)
+    args = [tvm.runtime.tensor(a) for a in (words, hi, out)]
+    _decode_fn(fmt, codes.shape[0], how, dtype, at)(*args)
+    return args[2].numpy()
 
 
 def _fma_bf16x2(a: np.ndarray, fin: pairs.Finish) -> np.ndarray:
@@ -65,14 +102,15 @@ def _fma_bf16x2(a: np.ndarray, fin: pairs.Finish) -> np.ndarray:
 @pytest.mark.parametrize(
     ("name", "dtype", "how"),
     [(*c, how) for c in CASES for how in ("right", "left")]
-    + [(*c, "quad") for c in CASES if pairs.quad_supported(formats.get(c[0]), c[1])],
+    + [(*c, "quad") for c in CASES if pairs.quad_supported(formats.get(c[0]), c[1])]
+    + [(*c, six) for c in CASES if pairs.six_supported(formats.get(c[0]), c[1]) for six in ("six0", "six4")],
 )
 def test_every_code_pair_bit_exact(name, dtype, how):
     """Every code at every position of a run of 8 (and each next to every other code) decodes to
     its value times the format's offset, exactly, in fp16 and in bf16 (both byte-lane choices:
-    ``how`` "right" / "left"; "quad": :func:`pairs.decode_quad`'s four pairs a word, where it serves)."""
-    import tvm
-
+    ``how`` "right" / "left"; "quad": :func:`pairs.decode_quad`'s four pairs a word, where it serves;
+    "six0" / "six4": :func:`pairs.six_pair` from a code a byte, the high plane's nibbles at bit 0 / 4
+    of its bytes among random bits, the same bits as :func:`pairs.decode_pair`'s)."""
     fmt = formats.get(name)
     spec = oracle.SPECS[name]
     n = 2**fmt.bits
@@ -83,11 +121,9 @@ def test_every_code_pair_bit_exact(name, dtype, how):
         codes[:, pos], codes[:, pos + 1] = a.ravel(), b.ravel()
     codes = np.concatenate([np.roll(codes, s, axis=1) for s in range(0, 8, 2)])
     codes[:, :] = np.where(rng.random(codes.shape) < 0.25, rng.integers(0, n, codes.shape), codes)
-    words = _words(codes, fmt.bits)
-    out = np.zeros((codes.shape[0], 4), np.uint32)
-    w_t, o_t = tvm.runtime.tensor(words), tvm.runtime.tensor(out)
-    _decode_fn(fmt, codes.shape[0], how == "left", dtype, how == "quad")(w_t, o_t)
-    raw = o_t.numpy()
+    raw = _run(fmt, codes, how.rstrip("04"), dtype, int(how[-1]) if how.startswith("six") else 0)
+    if how.startswith("six"):
+        np.testing.assert_array_equal(raw, _run(fmt, codes, "right", dtype))
     if (fma := pairs.bf16_fma(fmt, dtype)) is not None:
         raw = _fma_bf16x2(raw, fma)
     with np.errstate(invalid="ignore"):  # e5m2's NaN/inf codes decode to NaN/inf: NaN × factor
@@ -108,15 +144,10 @@ def test_folded_scale_keeps_every_pair_exact(name, dtype):
     range, every code's pair times its multiplier (the kernel's one fma, emulated with one rounding)
     is exact (its value times the power of two, the format's values over the oracle), and the
     multiplier a normal number; one binade below the range, some code or the multiplier is not."""
-    import tvm
-
     fmt, spec = formats.get(name), oracle.SPECS[name]
     fold = pairs.fold(fmt, dtype)
     codes = np.resize(np.arange(2**fmt.bits, dtype=np.uint8), max(8, 2**fmt.bits)).reshape(-1, 8)
-    out = np.zeros((codes.shape[0], 4), np.uint32)
-    w_t, o_t = tvm.runtime.tensor(_words(codes, fmt.bits)), tvm.runtime.tensor(out)
-    _decode_fn(fmt, codes.shape[0], False, dtype)(w_t, o_t)
-    raw = o_t.numpy()
+    raw = _run(fmt, codes, "right", dtype)
     fma = pairs.bf16_fma(fmt, dtype)
     if fma is not None and not fold.merged:  # integer codes: the magic number, then the multiplier
         raw = _fma_bf16x2(raw, fma)

@@ -65,6 +65,22 @@ PRMT = (
 )
 
 
+SELECT = (
+    "__device__ __forceinline__ unsigned mxgemm_select(unsigned a, unsigned b, unsigned c) {\n"
+    "  unsigned d;\n"
+    '  asm("lop3.b32 %0, %1, %2, %3, 0xE4;" : "=r"(d) : "r"(a), "r"(b), "r"(c));\n  return d;\n'
+    "}\n"
+)
+
+
+def select(a: PrimExpr, b: PrimExpr, mask: int, cuda: bool) -> PrimExpr:
+    """The bits of ``a`` where ``mask`` is set, of ``b`` elsewhere: one ``lop3`` on CUDA (inline PTX:
+    nvcc splits the C expression in two where it knows bits of ``a``), shifts and masks elsewhere."""
+    if cuda:
+        return cuda_func_call("mxgemm_select", a, b, u32(mask), source_code=SELECT, return_type=U32)
+    return a & u32(mask) | b & u32(~mask & 0xFFFFFFFF)
+
+
 def prmt(a: PrimExpr, b: PrimExpr, sel: int, cuda: bool) -> PrimExpr:
     """PTX ``prmt`` (default mode): byte ``i`` of the result is byte ``sel >> 4i & 7`` of the 8 bytes
     ``b:a``, or where bit ``4i + 3`` of ``sel`` is set, that byte's top bit in all 8 bits (a sign
@@ -190,6 +206,39 @@ def _sign_pair(
     w = word(0, 0)  # codes 2p, 2p + 1: the low and high nibble of byte p
     sel = pair | (8 | pair) << 4 | (4 + pair) << 8 | (12 + pair) << 12
     return (prmt(w << u32(4), w, sel, cuda) << u32(dest - 4)) & _rep(0x8000 | field)
+
+
+def six_supported(fmt: Format, dtype: str) -> bool:
+    """Whether :func:`six_words` and :func:`six_pair` serve ``fmt`` in ``dtype``: 6-bit float codes
+    (mxfp6), two planes (low 4 bits, high 2)."""
+    return fmt.kind == "float" and fmt.bits == 6 and supported(fmt, dtype)
+
+
+def six_words(
+    lo: PrimExpr, hi: PrimExpr, at: PrimExpr | int = 0, cuda: bool = True
+) -> tuple[PrimExpr, PrimExpr]:
+    """A run of 8 six-bit codes a byte, in 6 integer ops: the uint32 words ``(even, odd)`` whose byte
+    ``p`` holds code ``2p`` / ``2p + 1``, its low 5 bits at bits 2–6 and its sign (bit 5) at bit 7
+    (bits 0–1 are garbage), for :func:`six_pair`. ``lo``: the low plane's word (byte ``p``: code
+    ``2p``'s low 4 bits, then ``2p + 1``'s); ``hi``: the high plane, bits ``at .. at + 3`` of byte
+    ``p`` holding the top 2 bits of codes ``2p`` and ``2p + 1`` (low bits first; its other bits
+    anything); ``at``: 0 to 4 (a uint32 expression or an int)."""
+    odd = hi << (u32(4) - at)  # (the even word's bits: 2 higher, a left shift on the FMA pipe)
+    pick = lambda a, b: select(a, b, 0x3F3F3F3F, cuda)  # bits 0-5 of a byte from lo, 6-7 from hi  # noqa: E731
+    return pick(lo << u32(2), odd << u32(2)), pick(lo >> u32(2), odd)
+
+
+def six_pair(
+    fmt: Format, even: PrimExpr, odd: PrimExpr, pair: int, cuda: bool = True, dtype: str = "float16"
+) -> PrimExpr:
+    """:func:`decode_pair`'s ``dtype`` pair ``pair`` of a run of 8 six-bit float codes given a byte a
+    code (:func:`six_words`' ``even`` and ``odd``), in 3 integer ops: one sign-replicating ``prmt``
+    puts code ``2 pair`` (byte ``pair`` of ``even``) and ``2 pair + 1`` (of ``odd``) in the low bytes
+    of the halves and their signs in all of the high bytes, a shift moves the 5 exponent and mantissa
+    bits to the low end of the dtype's exponent field (and a sign copy to bit 15), a mask keeps those."""
+    dest = MANT[dtype] - fmt.mbits  # the field's lowest bit
+    sel = pair | (8 | pair) << 4 | (4 + pair) << 8 | (12 + pair) << 12
+    return (prmt(even, odd, sel, cuda) << u32(dest - 2)) & _rep(0x8000 | 31 << dest)
 
 
 CVT = {"mxfp8_e4m3": "e4m3x2", "mxfp8_e5m2": "e5m2x2"}  # PTX's packed fp8 pair of each format

@@ -296,6 +296,7 @@ class _Kernel:
         self.fold = pairs.fold(fmt, a_dtype, true_values=bool(h.cvt))
         self.fma = None if h.cvt else pairs.bf16_fma(fmt, a_dtype)  # (cvt: true values)
         self.quads = h.lean and pairs.quad_supported(fmt, a_dtype)  # (one plane of 4-bit codes)
+        self.six = pairs.six_supported(fmt, a_dtype)  # 6-bit floats: a code a byte first
         self.codes_off, self.scales_off, self.slot = h.slot_bytes(fmt.bits)
         self.bk, self.steps = h.bk, h.bk // STEP  # K of a slot, scale steps of a slot
         self.chunks = h.bk * fmt.bits // 128  # 16-byte chunks of a row's codes in a slot
@@ -684,7 +685,8 @@ class _Kernel:
         8-bit plane): the 8 codes of K ``2j, 2j+1, 2j+8, 2j+9`` and ``+16`` (the step's two k16
         wgmmas), gathered from the step's portable bytes with ``prmt`` (4-bit codes: bytes ``j, 4+j,
         8+j, 12+j``; 8-bit: half ``j % 2`` of words ``j/2, 2+j/2, 4+j/2, 6+j/2``; 2-bit: nibble ``j``
-        of each 16-bit half of the step's 8 bytes, bytes ``j/2, 2+j/2, 4+j/2, 6+j/2`` then shifts)."""
+        of each 16-bit half of the step's 8 bytes, bytes ``j/2, 2+j/2, 4+j/2, 6+j/2`` then shifts; 6-bit
+        floats: those bytes as they are, for :func:`~mxgemm.codegen.pairs.six_words`)."""
         T, j = self.T, self.j
         ld = T.ptx.ld.shared
         perm = lambda a, b, sel: tirx.call_pure_extern("uint32", "__byte_perm", a, b, sel)  # noqa: E731
@@ -695,6 +697,9 @@ class _Kernel:
                 at = self._code_chunk(row, u * 8 // 16, p) + 8 * u % 16
                 T.evaluate(ld.v2.b32(raw[0], raw[1], self._addr(slot, at)))
                 pick = ju // u32(2) * u32(0x1111) + u32(0x6420)  # byte j / 2 of each 16-bit half
+                if self.six:  # as they are: nibble j % 2 of each byte (pairs.six_words)
+                    T.buffer_store(words, perm(raw[0], raw[1], pick), [u, r, p])
+                    continue
                 x = perm(raw[0], raw[1], pick) >> (ju % u32(2) * u32(4)) & u32(0x0F0F0F0F)
                 T.buffer_store(words, perm(x | x >> u32(4), u32(0), u32(0x4420)), [u, r, p])
                 continue
@@ -759,6 +764,12 @@ class _Kernel:
                 fac = [self.multiplier(sc, r, u) for r in range(2)]
             if self.quads:  # a row's 4 pairs of the step at once
                 quads = [pairs.decode_quad(self.fmt, tirx.BufferLoad(words, [u, r, 0])) for r in range(2)]
+            if self.six:  # a row's codes of the step a byte (the 2-bit plane's nibbles at bit 4 (j % 2))
+                at = tirx.Cast("uint32", self.j % 2 * 4)
+                six = [
+                    pairs.six_words(*(tirx.BufferLoad(words, [u, r, p]) for p in (0, 1)), at)
+                    for r in range(2)
+                ]
             for g, q in itertools.product(range(2), range(4)):
                 # wgmma g's A: rows quad / quad+8 (q % 2) × K 16g + 2j.. / +8 (q // 2)
                 wd = lambda p, i, u=u, r=q % 2: tirx.BufferLoad(words, [u, r, p + i])  # noqa: E731
@@ -769,6 +780,9 @@ class _Kernel:
                     )
                 elif self.quads:
                     T.buffer_store(self.afr, quads[q % 2][2 * g + q // 2], [buf, u, g, q])
+                elif self.six:
+                    pair = pairs.six_pair(self.fmt, *six[q % 2], 2 * g + q // 2, dtype=self.a_dtype)
+                    T.buffer_store(self.afr, pair, [buf, u, g, q])
                 else:
                     pair = pairs.decode_pair(self.fmt, wd, 2 * g + q // 2, dtype=self.a_dtype)
                     T.buffer_store(self.afr, pair, [buf, u, g, q])
