@@ -45,7 +45,8 @@ def _high_nibbles(words: np.ndarray, at: int, rng) -> np.ndarray:
 def _decode_fn(fmt, cases: int, how: str, dtype: str, at: int = 0):
     """LLVM function ``f(W, H, O)``: ``O[c, pair]`` the pairs of run ``c`` (``W``: ``_words``; ``H``:
     :func:`_high_nibbles`, read by ``how`` "six" only) decoded ``how``: "right" / "left"
-    (:func:`pairs.decode_pair`), "quad" (:func:`pairs.decode_quad`), "six" (:func:`pairs.six_pair`)."""
+    (:func:`pairs.decode_pair`), "quad" (:func:`pairs.decode_quad`), "six" / "sixw"
+    (:func:`pairs.six_pair`, the high plane from ``H`` / from ``W`` by :func:`pairs.six_high`)."""
     import tvm
     from tvm.script.ir_builder import IRBuilder
     from tvm.script.ir_builder import tirx as T
@@ -59,11 +60,12 @@ def _decode_fn(fmt, cases: int, how: str, dtype: str, at: int = 0):
             o = T.match_buffer(T.arg("O", T.handle()), (cases, 4), "uint32")
             with T.serial(0, cases) as c:
                 quads = pairs.decode_quad(fmt, w[c, 0, 0], cuda=False) if how == "quad" else None
-                six = pairs.six_words(w[c, 0, 0], hi[c], at, cuda=False) if how == "six" else None
+                high = pairs.six_high(w[c, 1, 0], cuda=False) if how == "sixw" else hi[c]
+                six = pairs.six_words(w[c, 0, 0], high, at, cuda=False) if how.startswith("six") else None
                 for pair in range(4):
                     if how == "quad":
                         bits = quads[pair]
-                    elif how == "six":
+                    elif how.startswith("six"):
                         bits = pairs.six_pair(fmt, *six, pair, cuda=False, dtype=dtype)
                     else:
                         wd = lambda p, i: w[c, p, i]  # noqa: E731
@@ -103,14 +105,20 @@ def _fma_bf16x2(a: np.ndarray, fin: pairs.Finish) -> np.ndarray:
     ("name", "dtype", "how"),
     [(*c, how) for c in CASES for how in ("right", "left")]
     + [(*c, "quad") for c in CASES if pairs.quad_supported(formats.get(c[0]), c[1])]
-    + [(*c, six) for c in CASES if pairs.six_supported(formats.get(c[0]), c[1]) for six in ("six0", "six4")],
+    + [
+        (*c, six)
+        for c in CASES
+        if pairs.six_supported(formats.get(c[0]), c[1])
+        for six in ("six0", "six4", "sixw")
+    ],
 )
 def test_every_code_pair_bit_exact(name, dtype, how):
     """Every code at every position of a run of 8 (and each next to every other code) decodes to
     its value times the format's offset, exactly, in fp16 and in bf16 (both byte-lane choices:
     ``how`` "right" / "left"; "quad": :func:`pairs.decode_quad`'s four pairs a word, where it serves;
     "six0" / "six4": :func:`pairs.six_pair` from a code a byte, the high plane's nibbles at bit 0 / 4
-    of its bytes among random bits, the same bits as :func:`pairs.decode_pair`'s)."""
+    of its bytes among random bits (as ``wgmma_w`` gathers them), "sixw": from the plane's word
+    (:func:`pairs.six_high`, as ``mma`` has it); the same bits as :func:`pairs.decode_pair`'s)."""
     fmt = formats.get(name)
     spec = oracle.SPECS[name]
     n = 2**fmt.bits
@@ -121,7 +129,7 @@ def test_every_code_pair_bit_exact(name, dtype, how):
         codes[:, pos], codes[:, pos + 1] = a.ravel(), b.ravel()
     codes = np.concatenate([np.roll(codes, s, axis=1) for s in range(0, 8, 2)])
     codes[:, :] = np.where(rng.random(codes.shape) < 0.25, rng.integers(0, n, codes.shape), codes)
-    raw = _run(fmt, codes, how.rstrip("04"), dtype, int(how[-1]) if how.startswith("six") else 0)
+    raw = _run(fmt, codes, how.rstrip("04"), dtype, int(how[-1]) if how in ("six0", "six4") else 0)
     if how.startswith("six"):
         np.testing.assert_array_equal(raw, _run(fmt, codes, "right", dtype))
     if (fma := pairs.bf16_fma(fmt, dtype)) is not None:

@@ -276,6 +276,7 @@ class _Kernel:
                 f"128 ({fmt.name}: planes {self.widths}, {self.steps * STEP} K a warp)"
             )
         self.fold = pairs.fold(fmt, a_dtype) if h.fold else None
+        self.six = pairs.six_supported(fmt, a_dtype) and not h.cvt  # 6-bit floats: a code a byte first
         if h.cvt and not pairs.cvt_supported(fmt, a_dtype):
             raise ValueError(f"mma hints {h}: {fmt.name} codes in {a_dtype} take no cvt of fp8 pairs")
         if h.fold and self.fold is None:
@@ -377,6 +378,10 @@ class _Kernel:
             fac = T.alloc_buffer((h.nt, 2), "uint32", scope="local")
             for t, r in itertools.product(range(h.nt), range(2)):
                 T.buffer_store(fac, factor(t, r), [t, r])
+        rows = list(itertools.product(range(h.nt), range(2)))
+        six = {
+            tr: pairs.six_words(word(*tr, 0, 0), pairs.six_high(word(*tr, 1, 0))) for tr in rows if self.six
+        }
         for t, g, q in itertools.product(range(h.nt), range(2), range(4)):
             # a0..a3: rows quad / quad+8 × codes (4g, 4g+1) / (4g+2, 4g+3)
             wd = lambda p, i, t=t, r=q % 2: word(t, r, p, i)  # noqa: E731
@@ -384,7 +389,10 @@ class _Kernel:
             if h.cvt:  # codes 2p, 2p+1 (p = 2g + q // 2): 16-bit half p % 2 of word p // 2
                 pairs.cvt_pair(T, self.fmt, a, word(t, q % 2, 0, g), q // 2, self.a_dtype)
                 continue
-            pair = pairs.decode_pair(self.fmt, wd, 2 * g + q // 2, left=bool(h.shl), dtype=self.a_dtype)
+            if self.six:  # (shl: the same kernel)
+                pair = pairs.six_pair(self.fmt, *six[t, q % 2], 2 * g + q // 2, dtype=self.a_dtype)
+            else:
+                pair = pairs.decode_pair(self.fmt, wd, 2 * g + q // 2, left=bool(h.shl), dtype=self.a_dtype)
             T.buffer_store(self.afr, pair, [t, g, q])
             if factor is None and self.fma is not None:
                 T.evaluate(T.ptx.fma.rn.bf16x2(a, *self.fma.operands(a)))

@@ -228,6 +228,13 @@ def six_words(
     return pick(lo << u32(2), odd << u32(2)), pick(lo >> u32(2), odd)
 
 
+def six_high(word: PrimExpr, cuda: bool = True) -> PrimExpr:
+    """The high (2-bit) plane's word of a run of 8 six-bit codes (code ``i``'s top 2 bits at bits
+    ``2i``, zero-extended) as :func:`six_words` takes it (``at`` 0): nibble ``p`` in the low bits of
+    byte ``p``, one shift and one ``prmt``."""
+    return prmt(word, word >> u32(4), 0x5140, cuda)
+
+
 def six_pair(
     fmt: Format, even: PrimExpr, odd: PrimExpr, pair: int, cuda: bool = True, dtype: str = "float16"
 ) -> PrimExpr:
