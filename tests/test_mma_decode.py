@@ -116,6 +116,18 @@ def test_cvt_converts_each_pair_once(tmp_path, fmt, dtype):
     assert "cvt.rn.f16x2" not in plain and ops(cvt) < ops(plain)
 
 
+@pytest.mark.nvcc
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize(("fmt", "six"), [("mxfp6_e2m3", True), ("mxfp6_e3m2", True), ("bfp6", False)])
+def test_six_bit_float_pairs_come_from_a_code_a_byte(tmp_path, fmt, six, dtype):
+    """6-bit float codes: every pair of the one-row ring kernel (2 rows × 8 steps × 4 pairs a lane) is
+    cut from the step's even and odd code bytes (:func:`pairs.six_words`), each made by one ``lop3``
+    select (two a pair in the PTX, shared by ptxas); 6-bit integers (bfp6) keep the plane-wise decode."""
+    hints = dataclasses.replace(CVT_CASES[0][0], cvt=0)
+    ptx = _ptx(tmp_path, fmt, hints.to_dict(), dtype)
+    assert len(re.findall(r"lop3\.b32[^;]*0xE4;", ptx)) == (2 * (2 * 8 * 4) if six else 0)
+
+
 # ---- on a Hopper GPU -------------------------------------------------------------------------------
 
 

@@ -6,8 +6,9 @@ so every shift and mask decodes both (the SIMD-within-a-register trick of Faster
 Float codes: sign to bit 15, exponent and mantissa to the low end of the fp16 exponent field and the
 top of its mantissa, which is the value times ``2**(bias - 15)`` (subnormals map to fp16 subnormals,
 ebits ≤ 5 and mbits ≤ 10 for every format; e2m1 and e4m3, in either dtype: one sign-replicating
-``prmt``, a shift and a mask a pair, :func:`_sign_pair`); :func:`out_factor` undoes it once per
-output. Integer
+``prmt``, a shift and a mask a pair, :func:`_sign_pair`; 6-bit floats, whose codes come in two
+planes: a run of 8 first made a byte a code, two ``lop3`` and four shifts, :func:`six_words`, then
+the same three ops a pair, :func:`six_pair`); :func:`out_factor` undoes it once per output. Integer
 codes: ``code ^ 2**(bits-1)`` in the mantissa of 1024.0 is ``1024 + 2**(bits-1) + q``; one exact
 half2 subtraction gives ``q``, and :func:`out_factor` applies ``2**-(bits-2)``.
 
