@@ -764,7 +764,7 @@ class _Kernel:
                 fac = [self.multiplier(sc, r, u) for r in range(2)]
             if self.quads:  # a row's 4 pairs of the step at once
                 quads = [pairs.decode_quad(self.fmt, tirx.BufferLoad(words, [u, r, 0])) for r in range(2)]
-            if self.six:  # a row's codes of the step a byte (the 2-bit plane's nibbles at bit 4 (j % 2))
+            if self.six:  # a row's codes of the step a byte (the 2-bit nibbles at bit 4 (j % 2) a byte)
                 at = tirx.Cast("uint32", self.j % 2 * 4)
                 six = [
                     pairs.six_words(*(tirx.BufferLoad(words, [u, r, p]) for p in (0, 1)), at)
