@@ -102,21 +102,21 @@ def _fma_bf16x2(a: np.ndarray, fin: pairs.Finish) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    ("name", "dtype", "how"),
-    [(*c, how) for c in CASES for how in ("right", "left")]
-    + [(*c, "quad") for c in CASES if pairs.quad_supported(formats.get(c[0]), c[1])]
+    ("name", "dtype", "how", "at"),
+    [(*c, how, 0) for c in CASES for how in ("right", "left")]
+    + [(*c, "quad", 0) for c in CASES if pairs.quad_supported(formats.get(c[0]), c[1])]
     + [
-        (*c, six)
+        (*c, how, at)
         for c in CASES
         if pairs.six_supported(formats.get(c[0]), c[1])
-        for six in ("six0", "six4", "sixw")
+        for how, at in (("six", 0), ("six", 4), ("sixw", 0))
     ],
 )
-def test_every_code_pair_bit_exact(name, dtype, how):
+def test_every_code_pair_bit_exact(name, dtype, how, at):
     """Every code at every position of a run of 8 (and each next to every other code) decodes to
     its value times the format's offset, exactly, in fp16 and in bf16 (both byte-lane choices:
     ``how`` "right" / "left"; "quad": :func:`pairs.decode_quad`'s four pairs a word, where it serves;
-    "six0" / "six4": :func:`pairs.six_pair` from a code a byte, the high plane's nibbles at bit 0 / 4
+    "six": :func:`pairs.six_pair` from a code a byte, the high plane's nibbles at bit ``at`` (0 or 4)
     of its bytes among random bits (as ``wgmma_w`` gathers them), "sixw": from the plane's word
     (:func:`pairs.six_high`, as ``mma`` has it); the same bits as :func:`pairs.decode_pair`'s)."""
     fmt = formats.get(name)
@@ -129,7 +129,7 @@ def test_every_code_pair_bit_exact(name, dtype, how):
         codes[:, pos], codes[:, pos + 1] = a.ravel(), b.ravel()
     codes = np.concatenate([np.roll(codes, s, axis=1) for s in range(0, 8, 2)])
     codes[:, :] = np.where(rng.random(codes.shape) < 0.25, rng.integers(0, n, codes.shape), codes)
-    raw = _run(fmt, codes, how.rstrip("04"), dtype, int(how[-1]) if how in ("six0", "six4") else 0)
+    raw = _run(fmt, codes, how, dtype, at)
     if how.startswith("six"):
         np.testing.assert_array_equal(raw, _run(fmt, codes, "right", dtype))
     if (fma := pairs.bf16_fma(fmt, dtype)) is not None:

@@ -307,10 +307,9 @@ def test_ptxas_keeps_wgmmas_asynchronous(tmp_path, fmt, dtype, hints):
     # the producer warpgroup gives its registers to the others (two: 232 a thread) and waits for nothing
     # but empty slots
     assert ("setmaxnreg" in src) == (hints.prod == 2 and hints.wg == 2)
-    # e2m1, e4m3 (not by ``cvt``) and 6-bit float codes into either dtype: pairs by the sign-replicating prmt
-    signs = (fmt in ("mxfp4", "mxfp8_e4m3") and not hints.cvt) or fmt.startswith(
-        "mxfp6"
-    )  # (6-bit: a byte a code)
+    # e2m1, e4m3 (not by ``cvt``) and 6-bit float codes (made a byte a code first) into either dtype:
+    # pairs by the sign-replicating prmt
+    signs = (fmt in ("mxfp4", "mxfp8_e4m3") and not hints.cvt) or fmt.startswith("mxfp6")
     assert ("mxgemm_prmt(" in src) == signs
     # early (and stream-K): the ring's first copies issued before the scan of the scale codes (its
     # byte-wise maxima)
