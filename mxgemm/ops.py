@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from mxgemm import formats, layout
+from mxgemm import formats, layout, tunelog
 from mxgemm.codegen import build as builder
 from mxgemm.codegen import target as targets
 from mxgemm.codegen.shapes import WIDE_M_BUCKETS
@@ -35,7 +35,7 @@ DECIDED_BUCKETS, FUSED_IF_TUNED = (32, 64, 128, 256, *WIDE), (128, 256, *WIDE)
 # CUDA buckets that run as the next one does (its record, or its route) where the tune log has no record
 # of their own: 17-32 rows on the 64-row bucket's kernel, as before the 32-row bucket was tuned
 BORROWS = {32: 64}
-DECODE_RULE = "dequant"  # the rule of the standalone decode kernel
+DECODE_RULE = tunelog.DECODE_RULE  # the rule of the standalone decode kernel
 CPU_FUSED_UP_TO = 4  # CPU, up to this many rows: the few-row GEMV (cpu_gemv), where it tiles the shape
 CPU_CHUNK_MB = 4.0  # CPU: MB of decoded weights per chunk (L2/L3-resident when the GEMM reads them)
 BACKEND_ENV = "MXGEMM_BACKEND"
@@ -163,20 +163,22 @@ def row_parts(
 @functools.lru_cache(maxsize=4096)
 def _bucket_record(fmt: str, n: int, k: int, bucket: int, a_dtype: str, arch: str, block_size: int | None):
     """The tune log's record of a CUDA M bucket (`mxgemm.tunelog.lookup`), or None."""
-    from mxgemm import tunelog
-
     key = tunelog.Key(fmt, n, k, bucket, a_dtype, arch, block_size=block_size or 0).key()
     return tunelog.lookup(key, builder.versions(targets.cuda(arch)))
 
 
 def _runs_as(fmt: str, n: int, k: int, bucket: int | None, a_dtype: str, arch: str, block_size: int | None):
     """The CUDA M bucket whose kernel serves ``bucket``: itself, or for a bucket of :data:`BORROWS`
-    without a tune record of its own, the bucket it borrows (looked up afresh: callers cache)."""
+    without a tune record of its own, the bucket it borrows, unless only ``bucket`` has a record of
+    another shape to take (`mxgemm.nearest.borrowed`; looked up afresh: callers cache)."""
     if bucket not in BORROWS:
         return bucket
-    block = block_size or formats.get(fmt).block_size
-    own = builder.tuned_hints(fmt, n, k, bucket, a_dtype, targets.cuda(arch), block)
-    return bucket if own is not None else BORROWS[bucket]
+    block, tgt = block_size or formats.get(fmt).block_size, targets.cuda(arch)
+    hints = lambda b, lend: builder.tuned_hints(fmt, n, k, b, a_dtype, tgt, block, borrow=lend)  # noqa: E731
+    if hints(bucket, False) is not None:
+        return bucket
+    lent = hints(BORROWS[bucket], False) is None and hints(bucket, True) is not None
+    return bucket if lent else BORROWS[bucket]
 
 
 def build_args_all(m: int, **layer) -> list[dict]:
@@ -543,8 +545,8 @@ def _route(m, device, dtype, fmt, n, k, bias, block_size, backend_env=None) -> o
 
 def clear_kernels() -> None:
     """Forget the kernels and plans this process looked up (the next call looks them up again, e.g.
-    after the tune log, ``$MXGEMM_TUNED`` or ``$MXGEMM_SPLIT_M`` changed: the log also chooses between
-    fused and decode, and where rows split)."""
+    after the tune log, ``$MXGEMM_TUNED``, ``$MXGEMM_NEAREST`` or ``$MXGEMM_SPLIT_M`` changed: the log
+    also chooses between fused and decode, and where rows split)."""
     _kernels.clear()
     _routes.clear()
     _launchers.clear()

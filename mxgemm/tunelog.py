@@ -29,6 +29,7 @@ from mxgemm.codegen import digest
 
 log = logging.getLogger(__name__)
 KEY_FIELDS = ("fmt", "n", "k", "m_bucket", "a_dtype", "block_size", "arch")
+DECODE_RULE = "dequant"  # a record of it: decode + cuBLAS measured faster than the fused kernels
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,42 @@ def lookup(key: tuple, versions: dict[str, str | None], paths: list[Path] | None
         if twin is not None and twin.rule in SHARED_ACROSS_DTYPES:
             found = twin
     return found
+
+
+def neighbours(
+    key: tuple, versions: dict[str, str | None], paths: list[Path] | None = None, most: int = 8
+) -> list[Record]:
+    """For a ``key`` without a record of its own: the fastest current record of each other layer
+    shape with the same format, M bucket, dtype, block size and arch, nearest shape first (by
+    ``|ln(n/n')| + |ln(k/k')|``; ties by shape), at most ``most``. A bf16 key also takes the fp16
+    records of a rule in :data:`SHARED_ACROSS_DTYPES`, after the bf16 ones of the same shape.
+    ``$MXGEMM_TUNED=0`` or ``$MXGEMM_NEAREST=0``: none."""
+    if os.environ.get("MXGEMM_TUNED", "1") == "0" or os.environ.get("MXGEMM_NEAREST", "1") == "0":
+        return []
+    at_n, at_k, at_dt = (KEY_FIELDS.index(f) for f in ("n", "k", "a_dtype"))
+    rest = lambda kk: kk[:at_n] + kk[at_k + 1 : at_dt] + kk[at_dt + 1 :]  # noqa: E731
+    dtypes = ("bfloat16", "float16") if key[at_dt] == "bfloat16" else (key[at_dt],)
+    arch = key[KEY_FIELDS.index("arch")]
+    logs = paths if paths is not None else [shipped_log(arch), user_log(arch)]
+    shapes = {
+        (kk[at_n], kk[at_k])
+        for p in logs
+        for kk in _parsed(Path(p))[1]
+        if rest(kk) == rest(key) and kk[at_dt] in dtypes and (kk[at_n], kk[at_k]) != (key[at_n], key[at_k])
+    }
+    far = lambda s: abs(math.log(s[0] / key[at_n])) + abs(math.log(s[1] / key[at_k]))  # noqa: E731
+    out = []
+    for n, k in sorted(shapes, key=lambda s: (far(s), s)):
+        for dt in dtypes:
+            kk = list(key)
+            kk[at_n], kk[at_k], kk[at_dt] = n, k, dt
+            r = _fastest(tuple(kk), versions, paths)
+            if r is not None and (dt == key[at_dt] or r.rule in SHARED_ACROSS_DTYPES):
+                out.append(r)
+                break
+        if len(out) >= most:
+            break
+    return out
 
 
 def _fastest(key: tuple, versions: dict[str, str | None], paths: list[Path] | None) -> Record | None:

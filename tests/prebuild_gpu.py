@@ -1,7 +1,7 @@
 """Build the CUDA kernels of the GPU tests here (no GPU needed) into $MXGEMM_CACHE_DIR, so a GPU box with
 only the TVM runtime can run them: ``MXGEMM_CACHE_DIR=DIR python -m tests.prebuild_gpu sm_90 [JOBS [SETS]]``
 with SETS a comma list of linear, ops, rules, xs, fold, act, module, minilm, wgmma, split, decode,
-frag, stab, ldm, cluster (default: all; xs and fold are part of rules; wgmma, decode, frag, stab, ldm
+frag, stab, ldm, cluster, nearest (default: all; xs and fold are part of rules; wgmma, decode, frag, stab, ldm
 and cluster: sm_90 only)."""
 
 import sys
@@ -203,6 +203,13 @@ def split_cases(arch):
                 yield build_args(m, fmt="mxfp4", n=FORCED[0], k=FORCED[1], a_dtype=dt, bias=bias, target=arch)
 
 
+def nearest_cases(arch):
+    """tests.test_nearest's GPU test: a shape the shipped log lacks, on its neighbours' records."""
+    from tests.test_nearest import gpu_cases
+
+    yield from gpu_cases(arch)
+
+
 SETS = {
     "linear": cases,
     "ops": ops_cases,
@@ -219,6 +226,7 @@ SETS = {
     "stab": stab_cases,
     "ldm": ldm_cases,
     "cluster": cluster_cases,
+    "nearest": nearest_cases,
 }
 
 

@@ -307,15 +307,28 @@ def arch_name(target: dict[str, Any]) -> str:
 
 
 def tuned_hints(
-    fmt: str, n: int, k: int, m_bucket: int | None, a_dtype: str, target: dict[str, Any], block_size: int
+    fmt: str,
+    n: int,
+    k: int,
+    m_bucket: int | None,
+    a_dtype: str,
+    target: dict[str, Any],
+    block_size: int,
+    borrow: bool = True,
 ) -> tuple[str, dict[str, Any]] | None:
     """(rule, hints) of the tune-log record (shipped log, then the user's) for this layer shape and
-    bucket and block size, built with the current versions; None when there is none (the rule's
-    defaults apply)."""
+    bucket and block size, built with the current versions; for a shape the logs lack (``borrow``),
+    the record of the nearest shape, its hints fitted to this one (:func:`mxgemm.nearest.borrowed`);
+    None when there is neither (the rule's defaults apply)."""
     from mxgemm import tunelog
 
     key = tunelog.Key(fmt, n, k, m_bucket, a_dtype, arch_name(target), block_size=block_size).key()
     rec = tunelog.lookup(key, versions(target))
+    if rec is None and borrow:
+        from mxgemm import nearest
+
+        spec = KernelSpec(fmt, n, k, m_bucket, a_dtype, a_dtype, False, block_size, target)
+        rec = nearest.borrowed(key, spec, versions(target))
     return _typed(dict(rec.config), rec.rule) if rec is not None else None
 
 

@@ -95,6 +95,25 @@ class Rule:
         del spec, hints
         return 1.0
 
+    def closest(self, spec: Any, hints: Any) -> tuple[Any, int] | None:
+        """The candidate of ``spec`` nearest ``hints`` (a ``Hints`` of this rule, e.g. a tune record's
+        of another layer shape) and how many fields it changes: ``hints`` itself (0) where it is a
+        candidate, else one that differs in the fewest fields, the cheapest of those by :meth:`cost`
+        (a record tuned for K = 4096 whose K loop does not divide 3584, its unroll halved); None where
+        the rule has no candidates. (The candidates are remembered for the last specs asked.)"""
+        cands = _candidate_set(self, spec)
+        if hints in cands:
+            return hints, 0
+        if not cands:
+            return None
+        names = [f.name for f in dataclasses.fields(hints)]
+        changed = {h: sum(getattr(h, f) != getattr(hints, f) for f in names) for h in cands}
+        fewest = min(changed.values())
+        best = min(
+            (h for h, d in changed.items() if d == fewest), key=lambda h: (self.cost(spec, h), repr(h))
+        )
+        return best, fewest
+
     def twins(self, spec: Any, hints: Any) -> list[Any]:
         """Candidates the tuner measures beside ``hints`` whatever their cost: the same kernel with a
         new option on, so a re-tune compares it with what it would replace (none by default)."""
@@ -117,6 +136,11 @@ class Rule:
 
     def __repr__(self) -> str:
         return f"<rule {self.name}>"
+
+
+@per_spec
+def _candidate_set(rule: Rule, spec: Any) -> frozenset:
+    return frozenset(rule.candidates(spec))
 
 
 # ---- per-arch default tables ------------------------------------------------------------------

@@ -1,0 +1,148 @@
+"""Shapes the tune logs lack take the record of the nearest tuned shape, its hints fitted to theirs
+(`mxgemm.tunelog.neighbours`, `mxgemm.nearest.borrowed`, `Rule.closest`); CPU, with a GPU test of
+the kernels they build."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import mxgemm
+from mxgemm import nearest, ops, rules, tunelog
+from mxgemm.codegen import build as builder
+from mxgemm.codegen import target as targets
+from mxgemm.rules import mma, wgmma_w
+from tests.test_linear import _check, _weights
+
+SM90 = targets.cuda("sm_90")
+VERSIONS = builder.versions(SM90)
+
+
+def _rec(n, k, bucket, rule, hints, us=10.0, a_dtype="float16", fmt="mxfp4"):
+    config = {} if hints is None else hints.to_dict()
+    cur = tunelog.rule_versions(rule, VERSIONS)
+    return tunelog.Record(fmt, n, k, bucket, a_dtype, "sm_90", rule, config, us, "NVIDIA H200", cur)
+
+
+def _key(n, k, bucket, a_dtype="float16", fmt="mxfp4"):
+    return tunelog.Key(fmt, n, k, bucket, a_dtype, "sm_90").key()
+
+
+def _spec(n, k, bucket, a_dtype="float16", fmt="mxfp4"):
+    return builder.KernelSpec(fmt, n, k, bucket, a_dtype, a_dtype, False, 32, SM90)
+
+
+def test_neighbours_are_other_shapes_of_the_key_nearest_first(tmp_path, monkeypatch):
+    """Same format, bucket, dtype, block size and arch; the key's own shape and other buckets left
+    out; nearest by |ln n/n'| + |ln k/k'|; a bf16 key also takes fp16 records of shared rules."""
+    h = mma.Hints(1, 2, 4, 2)
+    log = tmp_path / "sm_90.json"
+    tunelog.merge(
+        log,
+        [
+            _rec(4096, 4096, 16, "mma", h),
+            _rec(14336, 4096, 16, "mma", h),
+            _rec(14336, 4096, 16, "mma", h, us=5.0, a_dtype="bfloat16"),
+            _rec(28672, 8192, 16, "mma", h),
+            _rec(4096, 4096, 64, "dequant", None),  # another bucket
+            _rec(18944, 3584, 16, "mma", h, fmt="mxfp8_e4m3"),  # another format
+        ],
+    )
+    got = tunelog.neighbours(_key(18944, 3584, 16), VERSIONS, [log])
+    assert [(r.n, r.k) for r in got] == [(14336, 4096), (28672, 8192), (4096, 4096)]
+    assert tunelog.neighbours(_key(14336, 4096, 16), VERSIONS, [log])[0].n == 4096  # not its own
+    bf16 = tunelog.neighbours(_key(18944, 3584, 16, "bfloat16"), VERSIONS, [log])
+    assert [(r.n, r.a_dtype) for r in bf16] == [(14336, "bfloat16"), (28672, "float16"), (4096, "float16")]
+    for off in ("MXGEMM_NEAREST", "MXGEMM_TUNED"):
+        with monkeypatch.context() as m:
+            m.setenv(off, "0")
+            assert tunelog.neighbours(_key(18944, 3584, 16), VERSIONS, [log]) == []
+
+
+def test_closest_keeps_a_fitting_record_and_changes_the_fewest_fields():
+    rule = rules.get("mma")
+    spec = _spec(18944, 3584, 1)  # K = 3584: 112 steps of 32, so kw × unroll must divide 112
+    cands = set(rule.candidates(spec))
+    fits = next(h for h in cands if h.kw == 2)
+    assert rule.closest(spec, fits) == (fits, 0)
+    tuned = mma.Hints(nt=1, kw=8, unroll=8, stages=2)  # 4096's: 64 does not divide 112
+    assert tuned not in cands and mma.fits(tuned, 14336, 4096)
+    near, changed = rule.closest(spec, tuned)
+    assert near in cands and changed == 1
+    assert sum(getattr(near, f.name) != getattr(tuned, f.name) for f in dataclasses.fields(tuned)) == 1
+
+
+def test_borrowed_takes_the_nearest_record_fitted_to_the_shape(tmp_path):
+    log = tmp_path / "sm_90.json"
+    tuned = mma.Hints(nt=1, kw=8, unroll=8, stages=2)
+    wide = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, prod=2)
+    tunelog.merge(
+        log,
+        [
+            _rec(14336, 4096, 1, "mma", tuned),
+            _rec(14336, 4096, 128, "wgmma_w", wide),
+            _rec(14336, 4096, 1024, "dequant", None),
+        ],
+    )
+    lent = lambda n, k, bucket: nearest.borrowed(_key(n, k, bucket), _spec(n, k, bucket), VERSIONS, [log])  # noqa: E731
+    got = lent(18944, 3584, 1)
+    fitted = rules.get("mma").typed(got.config)
+    assert got.rule == "mma" and got.n == 14336 and fitted != tuned
+    assert fitted in rules.get("mma").candidates(_spec(18944, 3584, 1))
+    got = lent(18944, 3584, 128)  # 3584 = 28 K steps of 128: fits as it is
+    assert got.rule == "wgmma_w" and rules.get("wgmma_w").typed(got.config) == wide
+    assert lent(18944, 3584, 1024).rule == "dequant"
+    assert lent(18944, 3584, 64) is None  # no record of the bucket
+    assert lent(40, 96, 128) is None  # nothing tiles 40 rows
+
+
+def test_a_shape_the_shipped_log_lacks_runs_its_neighbours_kernels(monkeypatch):
+    """Qwen2.5-7B's MLP (18944×3584): from 128 rows a fused record of a shape like it instead of
+    decode + cuBLAS, below it the neighbours' tiles instead of the defaults; without borrowing
+    (``$MXGEMM_NEAREST=0``) as before."""
+    shape = ("mxfp4", 18944, 3584, "float16")
+    ops.clear_kernels()
+    assert tunelog.lookup(_key(18944, 3584, 128), VERSIONS) is None
+    assert ops.plan(128, "sm_90", *shape[:3], "float16") == ("linear", 128)
+    assert builder.tuned_hints("mxfp4", 18944, 3584, 128, "float16", SM90, 32)[0] == "wgmma_w"
+    assert builder.tuned_hints("mxfp4", 18944, 3584, 16, "float16", SM90, 32)[0] == "mma"
+    monkeypatch.setenv("MXGEMM_NEAREST", "0")
+    ops.clear_kernels()
+    try:
+        assert ops.plan(128, "sm_90", *shape[:3], "float16") == ("decode", None)
+        assert builder.tuned_hints("mxfp4", 18944, 3584, 16, "float16", SM90, 32) is None
+        assert ops.plan(20, "sm_90", *shape[:3], "float16") == ("linear", 64)  # 17-32 rows as 64
+    finally:
+        monkeypatch.delenv("MXGEMM_NEAREST")
+        ops.clear_kernels()
+
+
+GPU_SHAPE = (3584, 1536)  # a shape the shipped log lacks (N, K), its neighbours' tiles fitted to it
+GPU_MS = (1, 16, 64, 128, 256)
+GPU_FORMATS = ("mxfp4", "mxfp8_e4m3", "mxfp6_e2m3")
+
+
+def gpu_cases(arch: str):
+    """`mxgemm.build` arguments of the kernels :func:`test_borrowed_kernels_compute_the_product` runs."""
+    n, k = GPU_SHAPE
+    for fmt in GPU_FORMATS:
+        for dt in ("float16", "bfloat16"):
+            for m in GPU_MS:
+                yield from ops.build_args_all(m, fmt=fmt, n=n, k=k, a_dtype=dt, target=arch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", GPU_FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_borrowed_kernels_compute_the_product(fmt, dtype):
+    """The kernels a shape the logs lack runs on borrowed records: the product of the reference."""
+    n, k = GPU_SHAPE
+    q = _weights(fmt, n, k).to("cuda")
+    dt = str(dtype).removeprefix("torch.")
+    assert any(builder.tuned_hints(fmt, n, k, b, dt, SM90, 32) for b in (16, 64, 128)), (
+        "no borrowed record: the test would not test borrowing"
+    )
+    g = torch.Generator().manual_seed(1)
+    for m in GPU_MS:
+        x = (torch.randn(m, k, generator=g) / 8).to("cuda", dtype)
+        _check(x, q, None, mxgemm.linear(x, q))
