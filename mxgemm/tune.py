@@ -114,23 +114,25 @@ def tasks(shapes, fmts, ms, a_dtype: str, arch: str) -> tuple[list[Task], list[s
 def candidates(task: Task, budget: int) -> list[tuple[str, dict[str, Any]]]:
     """(rule, hints) to measure: the routed rule's defaults first, the hints of the logs' record for
     the task (a re-tune is measured against what it would replace, in the same run), for bf16 of the
-    fp16 record, and of the records of the M buckets beside the task's and of larger buckets that
-    measured faster, and for the same bucket on other N of the same K, where the rule offers them
-    (:func:`_beside`, :func:`_same_k`: a tile tuned for 1 row can be the best at 4, a 384-row kernel
-    faster at 256 rows than the 256-row record, 14336×4096's tiles 1.1–1.44x on 11008×4096); then,
-    in turns, a twin of those (:meth:`~mxgemm.rules.base.Rule.twins`: the same kernel with a new
-    option on; the records' before the defaults') and the cheapest hints of a structure not taken
-    yet (:attr:`~mxgemm.rules.base.Rule.structure`: tiles, warps, splits; cheapest by the rule's
-    cost model), so a small budget tries new kernels as well as new options; then the rest,
-    cheapest first; ``budget`` in all. Then as many of each rule that serves the task but that the
-    router does not try untuned (:func:`mxgemm.rules.rivals`), chosen alike (deterministic)."""
+    fp16 record, for a key the logs lack of the record it borrows (:func:`_lent`), and of the records
+    of the M buckets beside the task's and of larger buckets that measured faster, and for the same
+    bucket on other N of the same K, where the rule offers them (:func:`_beside`, :func:`_same_k`: a
+    tile tuned for 1 row can be the best at 4, a 384-row kernel faster at 256 rows than the 256-row
+    record, 14336×4096's tiles 1.1–1.44x on 11008×4096); then, in turns, a twin of those
+    (:meth:`~mxgemm.rules.base.Rule.twins`: the same kernel with a new option on; the records' before
+    the defaults') and the cheapest hints of a structure not taken yet
+    (:attr:`~mxgemm.rules.base.Rule.structure`: tiles, warps, splits; cheapest by the rule's cost
+    model), so a small budget tries new kernels as well as new options; then the rest, cheapest
+    first; ``budget`` in all. Then as many of each rule that serves the task but that the router does
+    not try untuned (:func:`mxgemm.rules.rivals`), chosen alike (deterministic)."""
     from mxgemm import rules
 
     spec = task.spec()
     out = []
     for rule in rules.tunable(spec):
         default = rule.default_hints(spec)
-        tuned = [h for h in (_recorded(task, rule), _fp16_twin(task, rule)) if h is not None]
+        tuned = (_recorded(task, rule), _fp16_twin(task, rule), _lent(task, rule))
+        tuned = [h for h in tuned if h is not None]
         offered = rule.candidates(spec)
         valid = set(offered)
         beside = [h for h in (*_beside(task, rule), *_same_k(task, rule)) if h in valid]
@@ -218,6 +220,18 @@ def _same_k(task: Task, rule, most: int = 3) -> list:
     ns = sorted(ns - {task.n}, key=lambda n: (abs(math.log(n / task.n)), n))
     hints = (_recorded(replace(task, n=n), rule) for n in ns)
     return list(dict.fromkeys(h for h in hints if h is not None))[:most]
+
+
+def _lent(task: Task, rule) -> Any:
+    """For a task whose key the logs lack, the hints it runs now if they are ``rule``'s: its nearest
+    tuned shape's record fitted to it (:func:`mxgemm.nearest.borrowed`); tuning must not lose them."""
+    from mxgemm import nearest
+
+    versions = _build_versions(task.arch)
+    if tunelog.lookup(task.key(), versions) is not None:
+        return None
+    rec = nearest.borrowed(task.key(), task.spec(), versions)
+    return rule.typed(rec.config) if rec is not None and rec.rule == rule.name else None
 
 
 def _fp16_twin(task: Task, rule) -> Any:
