@@ -17,8 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from mxgemm import tunelog
+from mxgemm.codegen.shapes import WIDE_M_BUCKETS
 
 MOST_CHANGED = 2  # hint fields a borrowed record may change to fit the shape (more: another kernel)
+# past 256 rows, where the path without a record (decode + cuBLAS) runs at 0.75-0.85x cuBLAS, a fused
+# record is borrowed only where its rule's cost model (the grid's waves) rates its hints on the new
+# shape at most this much above the record's own: the 256-row tiles of 4096² (128 blocks, one wave)
+# make 160 on 5120² (two waves, 1.6x), and took 1.3-1.4x decode + cuBLAS's time there
+GRID_SLACK = 1.25
 
 
 def borrowed(
@@ -30,8 +36,9 @@ def borrowed(
     (:func:`mxgemm.tunelog.neighbours`), its hints made a candidate of its rule for this shape with at
     most :data:`MOST_CHANGED` fields changed: the first neighbour whose hints fit as they are or with
     one field changed, else the nearest with the fewest changes; a decode + cuBLAS record fits any
-    shape. None where no neighbour's does. ``paths``: the logs to read (default: the shipped one and
-    the user's)."""
+    shape; past 256 rows only where the rule's cost on the new shape is within :data:`GRID_SLACK` of
+    the record's on its own. None where no neighbour's does. ``paths``: the logs to read (default:
+    the shipped one and the user's)."""
     from mxgemm import rules
 
     found = []
@@ -39,9 +46,17 @@ def borrowed(
         if rec.rule == tunelog.DECODE_RULE:
             return rec
         rule = rules.get(rec.rule)
-        near = rule.closest(spec, rule.typed(rec.config)) if rule.Hints is not None else None
-        if near is not None and near[1] <= MOST_CHANGED:
-            found.append((near[1], len(found), replace(rec, config=near[0].to_dict())))
-            if near[1] <= 1:
-                break
+        if rule.Hints is None:
+            continue
+        hints = rule.typed(rec.config)
+        near = rule.closest(spec, hints)
+        if near is None or near[1] > MOST_CHANGED:
+            continue
+        own = replace(spec, n=rec.n, k=rec.k)  # (the record's shape)
+        wide = spec.m_bucket in WIDE_M_BUCKETS
+        if wide and rule.cost(spec, near[0]) > GRID_SLACK * rule.cost(own, hints):
+            continue
+        found.append((near[1], len(found), replace(rec, config=near[0].to_dict())))
+        if near[1] <= 1:
+            break
     return min(found, key=lambda f: f[:2])[2] if found else None

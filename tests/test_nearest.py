@@ -96,6 +96,19 @@ def test_borrowed_takes_the_nearest_record_fitted_to_the_shape(tmp_path):
     assert lent(40, 96, 128) is None  # nothing tiles 40 rows
 
 
+def test_past_256_rows_a_record_whose_grid_would_lose_its_waves_is_not_borrowed(tmp_path):
+    """4096²'s 256-row tiles at 1024 rows: 128 blocks, one wave on 132 SMs; on 3584² 112 (still one),
+    on 5120² 160 (two waves for 1.2 waves' work): borrowed for the one, not the other (there decode +
+    cuBLAS runs, as without a record)."""
+    mine = tunelog.lookup(_key(4096, 4096, 1024), VERSIONS)
+    assert mine is not None and mine.rule == "wgmma_w" and mine.config["mt"] == 256
+    log = tmp_path / "sm_90.json"
+    tunelog.merge(log, [mine])
+    lent = lambda n, k: nearest.borrowed(_key(n, k, 1024), _spec(n, k, 1024), VERSIONS, [log])  # noqa: E731
+    assert lent(3584, 3584).config == mine.config
+    assert lent(5120, 5120) is None
+
+
 def test_a_shape_the_shipped_log_lacks_runs_its_neighbours_kernels(monkeypatch):
     """Qwen2.5-7B's MLP (18944×3584): from 128 rows a fused record of a shape like it instead of
     decode + cuBLAS, below it the neighbours' tiles instead of the defaults; without borrowing
