@@ -19,6 +19,12 @@ from typing import Any
 from mxgemm import tunelog
 from mxgemm.codegen.shapes import WIDE_M_BUCKETS
 
+# the M buckets from which records are borrowed: where the log decides between fused kernels and decode
+# + cuBLAS (32-1024 rows), the path without a record is slow (decode + cuBLAS at 0.43-0.6x cuBLAS to 256
+# rows, the mma rule's defaults at 32-64); below it the mma rule's defaults (its sm_90 table) served 7
+# shapes the log lacks as well as their neighbours' records did (H200, mxfp4: 0.89-1.09x geomean at
+# 1-16 rows, fp16 and bf16, against 1.24-1.86x at 32-256; benchmarks/README.md)
+FROM_BUCKET = 32
 MOST_CHANGED = 2  # hint fields a borrowed record may change to fit the shape (more: another kernel)
 # past 256 rows, where the path without a record (decode + cuBLAS) runs at 0.75-0.85x cuBLAS, a fused
 # record is borrowed only where its rule's cost model (the grid's waves) rates its hints on the new
@@ -37,10 +43,12 @@ def borrowed(
     most :data:`MOST_CHANGED` fields changed: the first neighbour whose hints fit as they are or with
     one field changed, else the nearest with the fewest changes; a decode + cuBLAS record fits any
     shape; past 256 rows only where the rule's cost on the new shape is within :data:`GRID_SLACK` of
-    the record's on its own. None where no neighbour's does. ``paths``: the logs to read (default:
+    the record's on its own. None where no neighbour's does, and below :data:`FROM_BUCKET` rows. ``paths``: the logs to read (default:
     the shipped one and the user's)."""
     from mxgemm import rules
 
+    if spec.m_bucket is not None and spec.m_bucket < FROM_BUCKET:
+        return None
     found = []
     for rec in tunelog.neighbours(key, versions, paths):
         if rec.rule == tunelog.DECODE_RULE:

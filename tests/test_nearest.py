@@ -73,27 +73,30 @@ def test_closest_keeps_a_fitting_record_and_changes_the_fewest_fields():
 
 
 def test_borrowed_takes_the_nearest_record_fitted_to_the_shape(tmp_path):
-    log = tmp_path / "sm_90.json"
-    tuned = mma.Hints(nt=1, kw=8, unroll=8, stages=2)
+    mma_rule = rules.get("mma")
+    tuned = next(h for h in mma_rule.candidates(_spec(14336, 4096, 32)) if h.kw * h.unroll == 32)
     wide = wgmma_w.Hints(2, 4, 1, mt=128, ring=1, tma=2, prod=2)
+    log = tmp_path / "sm_90.json"
     tunelog.merge(
         log,
         [
-            _rec(14336, 4096, 1, "mma", tuned),
+            _rec(14336, 4096, 1, "mma", mma.Hints(nt=1, kw=2, unroll=4, stages=2)),
+            _rec(14336, 4096, 32, "mma", tuned),
             _rec(14336, 4096, 128, "wgmma_w", wide),
             _rec(14336, 4096, 1024, "dequant", None),
         ],
     )
     lent = lambda n, k, bucket: nearest.borrowed(_key(n, k, bucket), _spec(n, k, bucket), VERSIONS, [log])  # noqa: E731
-    got = lent(18944, 3584, 1)
-    fitted = rules.get("mma").typed(got.config)
+    got = lent(18944, 3584, 32)  # K = 3584: 112 steps of 32, which 32 K-steps an iteration do not divide
+    fitted = mma_rule.typed(got.config)
     assert got.rule == "mma" and got.n == 14336 and fitted != tuned
-    assert fitted in rules.get("mma").candidates(_spec(18944, 3584, 1))
+    assert fitted in mma_rule.candidates(_spec(18944, 3584, 32))
     got = lent(18944, 3584, 128)  # 3584 = 28 K steps of 128: fits as it is
     assert got.rule == "wgmma_w" and rules.get("wgmma_w").typed(got.config) == wide
     assert lent(18944, 3584, 1024).rule == "dequant"
     assert lent(18944, 3584, 64) is None  # no record of the bucket
     assert lent(40, 96, 128) is None  # nothing tiles 40 rows
+    assert lent(18944, 3584, 1) is None  # below FROM_BUCKET: the rule's defaults
 
 
 def test_past_256_rows_a_record_whose_grid_would_lose_its_waves_is_not_borrowed(tmp_path):
@@ -111,19 +114,20 @@ def test_past_256_rows_a_record_whose_grid_would_lose_its_waves_is_not_borrowed(
 
 def test_a_shape_the_shipped_log_lacks_runs_its_neighbours_kernels(monkeypatch):
     """Qwen2.5-7B's MLP (18944×3584): from 128 rows a fused record of a shape like it instead of
-    decode + cuBLAS, below it the neighbours' tiles instead of the defaults; without borrowing
-    (``$MXGEMM_NEAREST=0``) as before."""
+    decode + cuBLAS, at 32 and 64 the neighbours' kernels instead of the defaults, below 32 rows the
+    defaults; without borrowing (``$MXGEMM_NEAREST=0``) as before."""
     shape = ("mxfp4", 18944, 3584, "float16")
     ops.clear_kernels()
     assert tunelog.lookup(_key(18944, 3584, 128), VERSIONS) is None
     assert ops.plan(128, "sm_90", *shape[:3], "float16") == ("linear", 128)
     assert builder.tuned_hints("mxfp4", 18944, 3584, 128, "float16", SM90, 32)[0] == "wgmma_w"
-    assert builder.tuned_hints("mxfp4", 18944, 3584, 16, "float16", SM90, 32)[0] == "mma"
+    assert builder.tuned_hints("mxfp4", 18944, 3584, 32, "float16", SM90, 32) is not None
+    assert builder.tuned_hints("mxfp4", 18944, 3584, 16, "float16", SM90, 32) is None  # the defaults
     monkeypatch.setenv("MXGEMM_NEAREST", "0")
     ops.clear_kernels()
     try:
         assert ops.plan(128, "sm_90", *shape[:3], "float16") == ("decode", None)
-        assert builder.tuned_hints("mxfp4", 18944, 3584, 16, "float16", SM90, 32) is None
+        assert builder.tuned_hints("mxfp4", 18944, 3584, 32, "float16", SM90, 32) is None
         assert ops.plan(20, "sm_90", *shape[:3], "float16") == ("linear", 64)  # 17-32 rows as 64
     finally:
         monkeypatch.delenv("MXGEMM_NEAREST")
@@ -133,7 +137,7 @@ def test_a_shape_the_shipped_log_lacks_runs_its_neighbours_kernels(monkeypatch):
 def test_the_tuner_measures_what_a_shape_the_logs_lack_runs_now():
     """`mxgemm tune` of such a shape seeds each rule with the record it borrows: a tuned record is
     then never slower than what ran before it (the same run times both)."""
-    for bucket in (16, 128):
+    for bucket in (32, 128):
         task = tune.Task("mxfp4", 18944, 3584, bucket, "float16", "sm_90")
         rule, hints = builder.tuned_hints("mxfp4", 18944, 3584, bucket, "float16", SM90, 32)
         assert (rule, hints) in tune.candidates(task, 2)
