@@ -22,9 +22,11 @@ from mxgemm.codegen.shapes import WIDE_M_BUCKETS
 
 # the M buckets from which records are borrowed: where the log decides between fused kernels and decode
 # + cuBLAS (32-1024 rows), the path without a record is slow (decode + cuBLAS at 0.43-0.6x cuBLAS to 256
-# rows, the mma rule's defaults at 32-64); below it the mma rule's defaults (its sm_90 table) served 7
-# shapes the log lacks as well as their neighbours' records did (H200, mxfp4: 0.89-1.09x geomean at
-# 1-16 rows, fp16 and bf16, against 1.24-1.86x at 32-256; benchmarks/README.md)
+# rows, the mma rule's defaults at 32-64: the neighbours' records took 0.54-0.74x its time, geomean of
+# each bucket, H200); below it the router's own rule with its defaults (its sm_90 table) served as well
+# as the neighbours' records of that rule (0.89-1.09x at 1-16 rows), so there only a record of another
+# rule is borrowed (8-bit codes at one row: the mma kernels of a neighbour, 0.62-0.78x the time of the
+# gemv rule's defaults; benchmarks/README.md)
 FROM_BUCKET = 32
 MOST_CHANGED = 2  # hint fields a borrowed record may change to fit the shape (more: another kernel)
 # past 256 rows, where the path without a record (decode + cuBLAS) runs at 0.75-0.85x cuBLAS, a fused
@@ -44,18 +46,19 @@ def borrowed(
     most :data:`MOST_CHANGED` fields changed: the first neighbour whose hints fit as they are or with
     one field changed, else the nearest with the fewest changes; a decode + cuBLAS record fits any
     shape; past 256 rows only where the rule's cost on the new shape is within :data:`GRID_SLACK` of
-    the record's on its own. None where no neighbour's does, and below :data:`FROM_BUCKET` rows. ``paths``: the logs to read (default:
+    the record's on its own; below :data:`FROM_BUCKET` rows only a record of another rule than the one
+    the router runs untuned. None where no neighbour's does. ``paths``: the logs to read (default:
     the shipped one and the user's)."""
     from mxgemm import rules
 
-    if spec.m_bucket is not None and spec.m_bucket < FROM_BUCKET:
-        return None
+    few = spec.m_bucket is not None and spec.m_bucket < FROM_BUCKET
+    untuned = next((r.name for r in rules.route(spec)), None) if few else None
     found = []
     for rec in tunelog.neighbours(key, versions, paths):
-        if rec.rule == tunelog.DECODE_RULE:
+        if rec.rule == tunelog.DECODE_RULE and not few:
             return rec
         rule = rules.get(rec.rule)
-        if rule.Hints is None:
+        if rule.Hints is None or (few and rec.rule == untuned):
             continue
         hints = rule.typed(rec.config)
         near = rule.closest(spec, hints)

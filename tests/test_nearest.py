@@ -96,7 +96,14 @@ def test_borrowed_takes_the_nearest_record_fitted_to_the_shape(tmp_path):
     assert lent(18944, 3584, 1024).rule == "dequant"
     assert lent(18944, 3584, 64) is None  # no record of the bucket
     assert lent(40, 96, 128) is None  # nothing tiles 40 rows
-    assert lent(18944, 3584, 1) is None  # below FROM_BUCKET: the rule's defaults
+    assert lent(18944, 3584, 1) is None  # below FROM_BUCKET: the routed rule's defaults
+    tunelog.merge(
+        log, [_rec(14336, 4096, 1, "mma", mma.Hints(nt=1, kw=2, unroll=4, stages=2), fmt="mxfp8_e4m3")]
+    )
+    e4m3 = nearest.borrowed(
+        _key(18944, 3584, 1, fmt="mxfp8_e4m3"), _spec(18944, 3584, 1, fmt="mxfp8_e4m3"), VERSIONS, [log]
+    )
+    assert e4m3.rule == "mma"  # 8-bit codes at one row: the router runs gemv untuned, a record mma
 
 
 def test_past_256_rows_a_record_whose_grid_would_lose_its_waves_is_not_borrowed(tmp_path):
