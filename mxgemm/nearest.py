@@ -4,11 +4,11 @@ to the new one.
 The shipped log holds the shapes it was tuned on (Llama-style 4096–28672); a model of other widths
 (Qwen2.5-7B's 3584 and 18944, Llama-2-13B's 5120 and 13824) would otherwise run the ``mma`` rule's
 defaults at 32–64 rows and decode + cuBLAS from 128 (where only a record lets a fused kernel run), at
-0.43–0.76x cuBLAS's speed there. What measured fastest on a shape like it serves it better: the same
-rule, with the fewest of its hints changed to tile the new shape
+0.44–0.82x cuBLAS's speed there (H200, mxfp4). What measured fastest on a shape like it serves it
+better: the same rule, with the fewest of its hints changed to tile the new shape
 (:meth:`mxgemm.rules.base.Rule.closest`).
-``$MXGEMM_NEAREST=0`` (or ``$MXGEMM_TUNED=0``) turns it off; ``mxgemm tune`` still tunes such shapes
-from scratch, seeded by their neighbours' records.
+``$MXGEMM_NEAREST=0`` (or ``$MXGEMM_TUNED=0``) turns it off; ``mxgemm tune`` still tunes such shapes,
+the borrowed record among its seeds.
 """
 
 from __future__ import annotations
