@@ -29,3 +29,35 @@ def kernel_cache_dir(tmp_path_factory):
     os.environ["MXGEMM_CACHE_DIR"] = str(d)
     yield str(d)
     del os.environ["MXGEMM_CACHE_DIR"]
+
+
+# the env var that turns borrowing off (`mxgemm.nearest`); the tests that borrow set it to "1"
+NEAREST_ENV = "MXGEMM_NEAREST"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def unborrowed_router():
+    """The tests of routing and of the rules' kernels see the router as it runs without a record for
+    their (untuned) shapes: borrowing the nearest tuned shape's record (`mxgemm.nearest`) is off, except
+    in tests/test_nearest.py (`borrowing`) and where a test turns it on. `tests.prebuild_gpu` builds
+    each set's kernels the same way."""
+    import os
+
+    old = os.environ.get(NEAREST_ENV)
+    os.environ[NEAREST_ENV] = "0"
+    yield
+    if old is None:
+        del os.environ[NEAREST_ENV]
+    else:
+        os.environ[NEAREST_ENV] = old
+
+
+@pytest.fixture
+def borrowing(monkeypatch):
+    """Borrowing on for one test (the plans looked up before and after it forgotten)."""
+    from mxgemm import ops
+
+    monkeypatch.setenv(NEAREST_ENV, "1")
+    ops.clear_kernels()
+    yield
+    ops.clear_kernels()

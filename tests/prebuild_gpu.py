@@ -4,10 +4,12 @@ with SETS a comma list of linear, ops, rules, xs, fold, act, module, minilm, wgm
 frag, stab, ldm, cluster, nearest (default: all; xs and fold are part of rules; wgmma, decode, frag, stab, ldm
 and cluster: sm_90 only)."""
 
+import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
 import mxgemm
+from mxgemm import ops
 from mxgemm.ops import build_args, build_args_all
 from tests.linear_cases import BLOCK_CASES, CHUNK_FORMATS, DTYPES, FORMATS, MS, K, N
 
@@ -230,7 +232,20 @@ SETS = {
 }
 
 
-def _build(kw):
+BORROWING = ("nearest",)  # the sets whose tests borrow the nearest shape's records (tests/conftest.py)
+
+
+def _with_borrowing(name: str) -> str:
+    """``$MXGEMM_NEAREST`` as set ``name``'s tests run (conftest: off but for tests/test_nearest.py)."""
+    return "1" if name in BORROWING else "0"
+
+
+def _build(job):
+    """Build one kernel (``job``: its arguments and ``$MXGEMM_NEAREST`` as its tests run)."""
+    import os
+
+    kw, nearest = job
+    os.environ["MXGEMM_NEAREST"] = nearest
     if "act" in kw:
         from mxgemm.codegen import act_quant
 
@@ -257,7 +272,11 @@ def _build(kw):
 if __name__ == "__main__":
     arch = sys.argv[1] if len(sys.argv) > 1 else "sm_90"
     sets = sys.argv[3].split(",") if len(sys.argv) > 3 else list(SETS)
-    todo = [kw for name in sets for kw in SETS[name](arch)]
+    todo = []
+    for name in sets:
+        os.environ["MXGEMM_NEAREST"] = _with_borrowing(name)
+        ops.clear_kernels()  # (the plans of the last set)
+        todo += [(kw, os.environ["MXGEMM_NEAREST"]) for kw in SETS[name](arch)]
     with ProcessPoolExecutor(int(sys.argv[2]) if len(sys.argv) > 2 else 2) as pool:
         for i, r in enumerate(pool.map(_build, todo)):
             print(i, r, flush=True)

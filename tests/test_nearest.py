@@ -15,6 +15,7 @@ from mxgemm.rules import mma, wgmma_w
 from tests.test_linear import _check, _weights
 
 SM90 = targets.cuda("sm_90")
+pytestmark = pytest.mark.usefixtures("borrowing")  # (the other tests run with borrowing off: conftest)
 VERSIONS = builder.versions(SM90)
 
 
@@ -124,21 +125,16 @@ def test_a_shape_the_shipped_log_lacks_runs_its_neighbours_kernels(monkeypatch):
     decode + cuBLAS, at 32 and 64 the neighbours' kernels instead of the defaults, below 32 rows the
     defaults; without borrowing (``$MXGEMM_NEAREST=0``) as before."""
     shape = ("mxfp4", 18944, 3584, "float16")
-    ops.clear_kernels()
     assert tunelog.lookup(_key(18944, 3584, 128), VERSIONS) is None
     assert ops.plan(128, "sm_90", *shape[:3], "float16") == ("linear", 128)
     assert builder.tuned_hints("mxfp4", 18944, 3584, 128, "float16", SM90, 32)[0] == "wgmma_w"
     assert builder.tuned_hints("mxfp4", 18944, 3584, 32, "float16", SM90, 32) is not None
     assert builder.tuned_hints("mxfp4", 18944, 3584, 16, "float16", SM90, 32) is None  # the defaults
     monkeypatch.setenv("MXGEMM_NEAREST", "0")
-    ops.clear_kernels()
-    try:
-        assert ops.plan(128, "sm_90", *shape[:3], "float16") == ("decode", None)
-        assert builder.tuned_hints("mxfp4", 18944, 3584, 32, "float16", SM90, 32) is None
-        assert ops.plan(20, "sm_90", *shape[:3], "float16") == ("linear", 64)  # 17-32 rows as 64
-    finally:
-        monkeypatch.delenv("MXGEMM_NEAREST")
-        ops.clear_kernels()
+    ops.clear_kernels()  # (the fixture `borrowing` clears them again after the test)
+    assert ops.plan(128, "sm_90", *shape[:3], "float16") == ("decode", None)
+    assert builder.tuned_hints("mxfp4", 18944, 3584, 32, "float16", SM90, 32) is None
+    assert ops.plan(20, "sm_90", *shape[:3], "float16") == ("linear", 64)  # 17-32 rows as 64
 
 
 def test_the_tuner_measures_what_a_shape_the_logs_lack_runs_now():

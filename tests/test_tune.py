@@ -51,16 +51,7 @@ def test_model_shapes_from_config(tmp_path):
         tune.model_shapes(tmp_path)
 
 
-@pytest.fixture
-def unborrowed(monkeypatch):
-    """Shapes the logs lack run as they did before borrowing (`mxgemm.nearest.borrowed`)."""
-    monkeypatch.setenv("MXGEMM_NEAREST", "0")
-    ops.clear_kernels()
-    yield
-    ops.clear_kernels()
-
-
-def test_tasks_cover_the_tunable_buckets(cpu_arch, unborrowed):
+def test_tasks_cover_the_tunable_buckets(cpu_arch):
     todo, notes = tune.tasks([(4096, 4096)], ["mxfp4"], (1, 2, 4, 16, 4096), "float16", "sm_90")
     assert [t.m_bucket for t in todo] == [1, 4, 16]  # what `mxgemm.linear` runs: the mma rule
     # 17-32 rows run as 64 until the log holds a 32-row record: the 32-row bucket is what is tuned
@@ -295,10 +286,9 @@ def test_build_uses_the_tuned_hints(tmp_path, monkeypatch, cpu_arch):
     )
     tunelog.merge(log, [rec, stale])
     assert mxgemm.build("bfp4", n=48, k=128).info["hints"] == {"n_tile": 4}
-    # the stale record is not used: 48×256 takes the current record of the shape nearest it
+    assert mxgemm.build("bfp4", n=48, k=256).info["hints"] == {"n_tile": 16}  # the rule's defaults
+    monkeypatch.setenv("MXGEMM_NEAREST", "1")  # borrowing: the current record of the nearest shape
     assert mxgemm.build("bfp4", n=48, k=256).info["hints"] == {"n_tile": 4}
-    monkeypatch.setenv("MXGEMM_NEAREST", "0")  # (else the rule's defaults)
-    assert mxgemm.build("bfp4", n=48, k=256).info["hints"] == {"n_tile": 16}
     q = mxgemm.quantize(torch.randn(48, 128), "bfp4")
     x = torch.randn(3, 128, dtype=torch.float16)
     ref = x.float() @ mxgemm.dequantize(q).T
