@@ -52,6 +52,7 @@ def borrowed(
     from mxgemm import rules
 
     few = spec.m_bucket is not None and spec.m_bucket < FROM_BUCKET
+    wide = spec.m_bucket in WIDE_M_BUCKETS
     untuned = next((r.name for r in rules.route(spec)), None) if few else None
     found = []
     for rec in tunelog.neighbours(key, versions, paths):
@@ -65,7 +66,6 @@ def borrowed(
         if near is None or near[1] > MOST_CHANGED:
             continue
         own = replace(spec, n=rec.n, k=rec.k)  # (the record's shape)
-        wide = spec.m_bucket in WIDE_M_BUCKETS
         if wide and rule.cost(spec, near[0]) > GRID_SLACK * rule.cost(own, hints):
             continue
         found.append((near[1], len(found), replace(rec, config=near[0].to_dict())))

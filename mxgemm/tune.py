@@ -128,11 +128,12 @@ def candidates(task: Task, budget: int) -> list[tuple[str, dict[str, Any]]]:
     from mxgemm import rules
 
     spec = task.spec()
+    lent = _lent(task)
     out = []
     for rule in rules.tunable(spec):
         default = rule.default_hints(spec)
-        tuned = (_recorded(task, rule), _fp16_twin(task, rule), _lent(task, rule))
-        tuned = [h for h in tuned if h is not None]
+        borrowed = rule.typed(lent.config) if lent is not None and lent.rule == rule.name else None
+        tuned = [h for h in (_recorded(task, rule), _fp16_twin(task, rule), borrowed) if h is not None]
         offered = rule.candidates(spec)
         valid = set(offered)
         beside = [h for h in (*_beside(task, rule), *_same_k(task, rule)) if h in valid]
@@ -222,16 +223,15 @@ def _same_k(task: Task, rule, most: int = 3) -> list:
     return list(dict.fromkeys(h for h in hints if h is not None))[:most]
 
 
-def _lent(task: Task, rule) -> Any:
-    """For a task whose key the logs lack, the hints it runs now if they are ``rule``'s: its nearest
-    tuned shape's record fitted to it (:func:`mxgemm.nearest.borrowed`); tuning must not lose them."""
+def _lent(task: Task) -> tunelog.Record | None:
+    """For a task whose key the logs lack, the record it runs now: its nearest tuned shape's, fitted
+    to it (:func:`mxgemm.nearest.borrowed`; tuning must not lose its hints), else None."""
     from mxgemm import nearest
 
     versions = _build_versions(task.arch)
     if tunelog.lookup(task.key(), versions) is not None:
         return None
-    rec = nearest.borrowed(task.key(), task.spec(), versions)
-    return rule.typed(rec.config) if rec is not None and rec.rule == rule.name else None
+    return nearest.borrowed(task.key(), task.spec(), versions)
 
 
 def _fp16_twin(task: Task, rule) -> Any:
