@@ -13,6 +13,7 @@ of 8-bit float codes: a round a third the size, for the 8-bit formats. Measure a
     python benchmarks/tune_wide.py DIR [--formats mxfp4 --dtypes bfloat16 --m 384,512 --shapes 1024,4096]
     python benchmarks/tune_wide.py DIR --bk 64 --formats mxfp8_e4m3 --m 256,512,1024
     python benchmarks/tune_wide.py DIR --narrow --formats mxfp8_e4m3
+    python benchmarks/tune_wide.py DIR --m 2048,4096        # the prefill buckets (1025-4096 rows)
 """
 
 from __future__ import annotations
@@ -49,13 +50,14 @@ def narrow(task: tune.Task) -> list[Hints]:
 
 
 def candidates(task: tune.Task, bk: int = BK, small: bool = False) -> list[tuple[str, dict]]:
-    """The log's ``wgmma_w`` record for ``task`` (if any) and :func:`grid` (``small``: :func:`narrow`),
-    as the rule offers them."""
+    """The log's ``wgmma_w`` record for ``task`` (if any; past 1024 rows also the 1024-row bucket's)
+    and :func:`grid` (``small``: :func:`narrow`), as the rule offers them."""
     spec = task.spec()
     offered = set(wgmma_w.RULE.candidates(spec))
-    recorded = tune._recorded(task, wgmma_w.RULE)  # noqa: SLF001
+    own = [task, *([dataclasses.replace(task, m_bucket=1024)] if task.m_bucket > 1024 else [])]
+    recorded = [h for t in own if (h := tune._recorded(t, wgmma_w.RULE))]  # noqa: SLF001
     tiles = narrow(task) if small else grid(bk)
-    hints = [h for h in dict.fromkeys([*([recorded] if recorded else []), *tiles]) if h in offered]
+    hints = [h for h in dict.fromkeys([*recorded, *tiles]) if h in offered]
     return [("wgmma_w", h.to_dict()) for h in hints]
 
 

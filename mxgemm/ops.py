@@ -30,7 +30,7 @@ DECODE_ABOVE = 4  # CUDA, more rows than this: decode W in 16 bits, then cuBLAS 
 # CUDA M buckets where decode + cuBLAS competes with the fused kernel and the tune log decides (a
 # record of rule DECODE_RULE: decode + cuBLAS measured fastest); from 128 rows: fused only where a record
 # says so
-WIDE = WIDE_M_BUCKETS  # 257-1024 rows: decode + cuBLAS unless a fused record wins
+WIDE = WIDE_M_BUCKETS  # 257-4096 rows: decode + cuBLAS unless a fused record wins
 DECIDED_BUCKETS, FUSED_IF_TUNED = (32, 64, 128, 256, *WIDE), (128, 256, *WIDE)
 # CUDA buckets that run as the next one does (its record, or its route) where the tune log has no record
 # of their own: 17-32 rows on the 64-row bucket's kernel, as before the 32-row bucket was tuned
@@ -149,7 +149,7 @@ def row_parts(
     if whole is None:
         return (m,)
     best, parts = whole.us * (m / bucket if whole.rule == DECODE_RULE else 1), (m,)
-    for h in range(256, bucket, 128):
+    for h in (b for b in (256, *WIDE) if b < bucket):
         head = _bucket_record(fmt, n, k, h, a_dtype, arch, block_size)
         rest = _runs_as(fmt, n, k, builder.m_bucket_for(m - h, "cuda"), a_dtype, arch, block_size)
         tail = _bucket_record(fmt, n, k, rest, a_dtype, arch, block_size)

@@ -52,25 +52,27 @@ def test_model_shapes_from_config(tmp_path):
 
 
 def test_tasks_cover_the_tunable_buckets(cpu_arch):
-    todo, notes = tune.tasks([(4096, 4096)], ["mxfp4"], (1, 2, 4, 16, 4096), "float16", "sm_90")
+    todo, notes = tune.tasks([(4096, 4096)], ["mxfp4"], (1, 2, 4, 16, 8192), "float16", "sm_90")
     assert [t.m_bucket for t in todo] == [1, 4, 16]  # what `mxgemm.linear` runs: the mma rule
     # 17-32 rows run as 64 until the log holds a 32-row record: the 32-row bucket is what is tuned
     assert ops.plan(20, "sm_90", "mxfp4", 2048, 4096, "float16") == ("linear", 64)
     todo, _ = tune.tasks([(2048, 4096)], ["mxfp4"], (20, 32, 64), "float16", "sm_90")
     assert [(t.m_bucket, tune.rule_of(t)) for t in todo] == [(32, "mma"), (64, "mma")]
-    assert notes == ["4096,4096 M=4096: decode + cuBLAS, no hints to tune: skipped"]
+    assert notes == ["4096,4096 M=8192: decode + cuBLAS, no hints to tune: skipped"]
     # 256 rows: decode + cuBLAS while the log has no fused record there; the fused rule is tuned
-    # against it (a decode candidate); 257-1024 rows (buckets of 128 rows) only wgmma_w, which the
-    # router never tries untuned, against decode + cuBLAS; past 1024 rows decode + cuBLAS is all there
-    # is (a shape with no record in the shipped log)
-    bf16, notes = tune.tasks([(2048, 4096)], ["mxfp4"], (16, 256, 300, 512, 2048), "bfloat16", "sm_90")
+    # against it (a decode candidate); 257-1024 rows (buckets of 128 rows), 2048 and 4096 only wgmma_w,
+    # which the router never tries untuned, against decode + cuBLAS; past 4096 rows decode + cuBLAS is
+    # all there is (a shape with no record in the shipped log)
+    ms = (16, 256, 300, 512, 1500, 4096, 8192)
+    bf16, notes = tune.tasks([(2048, 4096)], ["mxfp4"], ms, "bfloat16", "sm_90")
     got = [(t.m_bucket, tune.rule_of(t)) for t in bf16]
-    assert got == [(16, "mma"), (256, "mma"), (384, "wgmma_w"), (512, "wgmma_w")]  # then the rival alone
-    for m in (256, 300, 512):
+    wide = [(b, "wgmma_w") for b in (384, 512, 2048, 4096)]
+    assert got == [(16, "mma"), (256, "mma"), *wide]  # then the rival alone
+    for m in (256, 300, 512, 1500, 4096):
         assert ops.plan(m, "sm_90", "mxfp4", 2048, 4096, "bfloat16", 32)[0] == "decode"
     # the rival's candidates, and decode + cuBLAS beside them
     assert {r for r, _ in tune.candidates(bf16[2], 4)} == {"wgmma_w"} and tune._decode_competes(bf16[2])
-    assert notes == ["2048,4096 M=2048: decode + cuBLAS, no hints to tune: skipped"]
+    assert notes == ["2048,4096 M=8192: decode + cuBLAS, no hints to tune: skipped"]
     cpu_tasks, notes = tune.tasks([(64, 256)], ["mxfp4"], (1, 4096), "float16", cpu_arch)
     assert [t.m_bucket for t in cpu_tasks] == [1] and tune.rule_of(cpu_tasks[0]) == "cpu_gemv"  # the GEMV
     assert notes == ["64,256 M=4096: decode + torch's GEMM, no hints to tune: skipped"]

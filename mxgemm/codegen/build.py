@@ -256,8 +256,8 @@ def build(
 
     Args:
         fmt: weight format name. n, k: output / input features (k a multiple of the block size).
-        m_bucket: rows served: 1, 4, 16, 32, 64, 128, 256, 384 ... 1024 or None (any M). CPU kernels: 1
-            or 4 (the GEMV, exactly that many rows) or any M.
+        m_bucket: rows served: 1, 4, 16, 32, 64, 128, 256, 384 ... 1024 (128-row steps), 2048, 4096
+            or None (any M). CPU kernels: 1 or 4 (the GEMV, exactly that many rows) or any M.
         a_dtype, out_dtype: ``"float16"`` or ``"bfloat16"`` (or the torch dtypes); out defaults to a_dtype.
         target: ``"llvm"``, ``"cuda"`` (arch of the current GPU), ``"sm_80"``/``"sm_90"``, or a dict.
         bias: add a ``[n]`` bias in the epilogue. block_size: elements per scale (default 32).

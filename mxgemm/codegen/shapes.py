@@ -8,8 +8,11 @@ from mxgemm.options import A_DTYPE_NAMES
 
 A_DTYPES = tuple(A_DTYPE_NAMES)  # "float16", "bfloat16"
 CPU_M_BUCKETS = (1, 4)  # the CPU's static-M kernels (the few-row GEMV); other M: one dynamic-M kernel
-# CUDA, 257-1024 rows in 128-row steps: a fused kernel wins or loses by the part-filled M tile it computes
-WIDE_M_BUCKETS = (384, 512, 640, 768, 896, 1024)
+# CUDA past 256 rows, decided by the tune log (decode + cuBLAS unless a fused record wins): 257-1024 rows
+# in 128-row steps (a fused kernel wins or loses by the part-filled M tile it computes), then 1025-2048
+# and 2049-4096 (prefill: the decode's share of decode + cuBLAS shrinks with the rows, a fused kernel's
+# part-filled tile too); past 4096 rows decode + cuBLAS
+WIDE_M_BUCKETS = (384, 512, 640, 768, 896, 1024, 2048, 4096)
 
 
 def check_shape(n: int, k: int, block_size: int) -> None:

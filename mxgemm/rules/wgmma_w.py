@@ -1,11 +1,12 @@
 """GPU rule ``wgmma_w``: Hopper's wgmma fed from registers for fp16 or bf16 activations at mid M (buckets
-32, 64, 128, 256, and 384 ... 1024 in steps of 128 rows, which decode + cuBLAS serves untuned). Not routed
-untuned: it runs where the tune log names it, the tuner measuring it beside the ``mma`` rule (up to
-256 rows) and decode + cuBLAS (on an H200 it won 12 of 24 tasks at 64 rows, 16 of 24 at 128 and none
-at 256: ``benchmarks/results/NVIDIA_H200/tune-wgmma_w-r2-6cd8000.md``; on an H100, past 256 rows, the
-best candidate at each M beat decode + cuBLAS in 44 of 56 cells of 7 shapes, a record chosen at 1024
-rows alone in far fewer: ``msweep-m257-1024-float16-a20512b.jsonl``, hence the 128-row buckets). This
-module is the policy; the kernel and what its hints mean are :mod:`mxgemm.codegen.wgmma_w`.
+32, 64, 128, 256, 384 ... 1024 in steps of 128 rows, 2048 and 4096, which decode + cuBLAS serves
+untuned). Not routed untuned: it runs where the tune log names it, the tuner measuring it beside the
+``mma`` rule (up to 256 rows) and decode + cuBLAS (on an H200 it won 12 of 24 tasks at 64 rows, 16
+of 24 at 128 and none at 256: ``benchmarks/results/NVIDIA_H200/tune-wgmma_w-r2-6cd8000.md``; on an
+H100, past 256 rows, the best candidate at each M beat decode + cuBLAS in 44 of 56 cells of 7 shapes,
+a record chosen at 1024 rows alone in far fewer: ``msweep-m257-1024-float16-a20512b.jsonl``, hence
+the 128-row buckets). This module is the policy; the kernel and what its hints mean are
+:mod:`mxgemm.codegen.wgmma_w`.
 """
 
 from __future__ import annotations
