@@ -2,16 +2,18 @@
 against the same stack as ``nn.Linear``, in eager mode, in a CUDA graph and under
 ``torch.compile(mode="reduce-overhead")``, fp16 and bf16, over M.
 
-The stack is two Llama-3-8B decoder layers' seven projections (q, k, v, o, gate, up, down: 14 calls a
-step, 436 M weights, 870 MB in 16 bits, so L2 holds none of it between calls). A step runs them as a
-model does (:func:`_decoder_step`): one input, the hidden state ``[m, 4096]``, that q, k, v, gate and up
-read; o reads q's output (in place of attention's), down ``silu(gate) · up``, and the next layer reads
-``h + o + down``. Every mode runs that one function: eager steps timed back to back with CUDA events
-(the host path counts; the methods in turns, as the host's speed drifts), graph steps as one captured
-step replayed, and under ``torch.compile`` the whole step one graph whose only input is the hidden
-state (a step that fed each layer an input of its own made the compiled rows time torch's copies of
-14 inputs into the graph's, which no model has). Peers, when they run here: torch's int4
-tinygemm (bf16, group 32, what torchao's int4 weight-only uses) and, where ``gemlite`` is installed
+The stack is two decoder layers' seven projections (q, k, v, o, gate, up, down: 14 calls a step) of a
+model of :data:`MODELS`: Llama-3-8B by default (436 M weights, 870 MB in 16 bits, so L2 holds none of
+it between calls), or Qwen2.5-7B (q, k and v with a bias) or Llama-2-13B, whose widths the shipped
+tune log lacks (their layers borrow the nearest tuned shape's record: :mod:`mxgemm.nearest`). A step
+runs them as a model does (:func:`_decoder_step`): one input, the hidden state ``[m, hidden]``, that
+q, k, v, gate and up read; o reads q's output (in place of attention's), down ``silu(gate) · up``,
+and the next layer reads ``h + o + down``. Every mode runs that one function: eager steps timed back to
+back with CUDA events (the host path counts; the methods in turns, as the host's speed drifts), graph
+steps as one captured step replayed, and under ``torch.compile`` the whole step one graph whose only
+input is the hidden state (a step that fed each layer an input of its own made the compiled rows time
+torch's copies of 14 inputs into the graph's, which no model has). Peers, when they run here: torch's
+int4 tinygemm (bf16, group 32, what torchao's int4 weight-only uses) and, where ``gemlite`` is installed
 (the ``peers`` extra), GemLite's MX layer of the same format (mxfp4: ``A16W4_MXFP``, mxfp8_e4m3:
 ``A16W8_MXFP``; it autotunes its Triton kernels on each M's first call, in the warm-up). Results go to
 ``benchmarks/results/<gpu>/stack.{json,md}``.
@@ -24,15 +26,39 @@ import json
 import re
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-HIDDEN, INTER, KV = 4096, 14336, 1024  # Llama-3-8B: 32 heads, 8 KV heads of 128
-PROJ = (("q", HIDDEN, HIDDEN), ("k", HIDDEN, KV), ("v", HIDDEN, KV), ("o", HIDDEN, HIDDEN))
-PROJ += (("gate", HIDDEN, INTER), ("up", HIDDEN, INTER), ("down", INTER, HIDDEN))
+
+@dataclass(frozen=True)
+class Model:
+    """A decoder's projection widths: ``hidden`` (the model's width), ``inter`` (the MLP's), ``kv``
+    (k's and v's outputs: KV heads × head size); ``qkv_bias``: q, k and v add a bias."""
+
+    name: str
+    hidden: int
+    inter: int
+    kv: int
+    qkv_bias: bool = False
+
+    def proj(self) -> tuple[tuple[str, int, int, bool], ...]:
+        """``(name, in_features, out_features, bias)`` of a layer's seven projections, in call order."""
+        h, b = self.hidden, self.qkv_bias
+        attn = (("q", h, h, b), ("k", h, self.kv, b), ("v", h, self.kv, b), ("o", h, h, False))
+        mlp = (("gate", h, self.inter, False), ("up", h, self.inter, False), ("down", self.inter, h, False))
+        return (*attn, *mlp)
+
+
+MODELS = {
+    "llama-3-8b": Model("Llama-3-8B", 4096, 14336, 1024),  # 32 heads, 8 KV heads of 128
+    "qwen2.5-7b": Model("Qwen2.5-7B", 3584, 18944, 512, qkv_bias=True),  # 28 heads, 4 KV heads of 128
+    "llama-2-13b": Model("Llama-2-13B", 5120, 13824, 5120),  # 40 heads of 128, no GQA
+}
+PROJECTIONS = 7  # a decoder layer's: q, k, v, o, gate, up, down
 LAYERS = 2
 MS = (1, 4, 16, 32, 64, 128, 256, 1024)
 DTYPES = ("float16", "bfloat16")
@@ -41,21 +67,32 @@ COMPILED_MS = (1, 16, 256)  # M of the torch.compile(mode="reduce-overhead") row
 REPEATS = 5
 
 
-def shapes() -> list[tuple[int, int]]:
-    """``(in_features, out_features)`` of every layer of the stack, in call order."""
-    return [(i, o) for _ in range(LAYERS) for _, i, o in PROJ]
+def model(name: str) -> Model:
+    """The :data:`MODELS` entry ``name``; ValueError naming the choices."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}: one of {', '.join(MODELS)}")
+    return MODELS[name]
 
 
-def build_specs(fmt: str, arch: str, ms=MS, dtypes=DTYPES) -> list[dict[str, Any]]:
-    """The `mxgemm.build` arguments of every kernel the stack runs (for ``--build-only``)."""
+def shapes(model_name: str = "llama-3-8b") -> list[tuple[int, int, bool]]:
+    """``(in_features, out_features, bias)`` of every layer of the stack of ``model_name``
+    (:data:`MODELS`), in call order."""
+    return [(i, o, b) for _ in range(LAYERS) for _, i, o, b in model(model_name).proj()]
+
+
+def build_specs(
+    fmt: str, arch: str, ms=MS, dtypes=DTYPES, model_name: str = "llama-3-8b"
+) -> list[dict[str, Any]]:
+    """The `mxgemm.build` arguments of every kernel the stack of ``model_name`` runs (for
+    ``--build-only``)."""
     from mxgemm.ops import build_args_all
 
     specs = [
         spec
-        for i, o in set(shapes())
+        for i, o, b in set(shapes(model_name))
         for m in ms
         for dt in dtypes
-        for spec in build_args_all(m, fmt=fmt, n=o, k=i, a_dtype=dt, bias=False, target=arch)
+        for spec in build_args_all(m, fmt=fmt, n=o, k=i, a_dtype=dt, bias=b, target=arch)
     ]
     return list({json.dumps(s, sort_keys=True): s for s in specs}.values())
 
@@ -141,11 +178,11 @@ def _per_call(fn, x: torch.Tensor, calls: int) -> float:
 
 def _decoder_step(layers: list[nn.Module], h: torch.Tensor) -> list[torch.Tensor]:
     """One step of the stack as a model runs it. ``layers``: :func:`shapes`' order, 7 a decoder layer
-    (q, k, v, o, gate, up, down); ``h``: the hidden state ``[m, 4096]``. Returns the last hidden state
-    and each layer's k and v outputs (so no projection is dead code to a compiler)."""
+    (q, k, v, o, gate, up, down); ``h``: the hidden state ``[m, hidden]``. Returns the last hidden
+    state and each layer's k and v outputs (so no projection is dead code to a compiler)."""
     kv = []
-    for i in range(0, len(layers), len(PROJ)):
-        q, k, v, o, gate, up, down = layers[i : i + len(PROJ)]
+    for i in range(0, len(layers), PROJECTIONS):
+        q, k, v, o, gate, up, down = layers[i : i + PROJECTIONS]
         kv += [k(h), v(h)]
         h = h + o(q(h)) + down(nn.functional.silu(gate(h)) * up(h))
     return [h, *kv]
@@ -182,8 +219,15 @@ def _compiled(layers: list[nn.Module], x: torch.Tensor):
     return run
 
 
-def run(fmt: str = "mxfp4", ms=MS, dtypes=DTYPES, out_dir: str | Path = "benchmarks/results") -> dict:
-    """Measure the stack: nn.Linear, MxLinear (and peers) × eager/graph × dtype × M; write results."""
+def run(
+    fmt: str = "mxfp4",
+    ms=MS,
+    dtypes=DTYPES,
+    out_dir: str | Path = "benchmarks/results",
+    model_name: str = "llama-3-8b",
+) -> dict:
+    """Measure the stack of ``model_name`` (:data:`MODELS`): nn.Linear, MxLinear (and peers) ×
+    eager/graph × dtype × M; write results."""
     import mxgemm
     from mxgemm import peers
     from mxgemm.bench import _commit
@@ -196,7 +240,7 @@ def run(fmt: str = "mxfp4", ms=MS, dtypes=DTYPES, out_dir: str | Path = "benchma
     rows = []
     for dt_name in dtypes:
         dt = getattr(torch, dt_name)
-        dense = [nn.Linear(i, o, bias=False, device=dev, dtype=dt) for i, o in shapes()]
+        dense = [nn.Linear(i, o, bias=b, device=dev, dtype=dt) for i, o, b in shapes(model_name)]
         stacks = {"nn.Linear": dense}
         stacks["mxgemm"] = [mxgemm.MxLinear.from_linear(lin, fmt, a_dtype=dt) for lin in dense]
         if dt == torch.bfloat16:
@@ -212,7 +256,7 @@ def run(fmt: str = "mxfp4", ms=MS, dtypes=DTYPES, out_dir: str | Path = "benchma
         if peer is not None:
             stacks[f"gemlite_{fmt}"] = peer
         for m in ms:
-            x = torch.randn(m, HIDDEN, device=dev, dtype=dt)
+            x = torch.randn(m, model(model_name).hidden, device=dev, dtype=dt)
             steps = {name: _step(layers, x) for name, layers in stacks.items()}
             eager = _time_eager(steps)
             base: dict[str, float] = {}
@@ -234,7 +278,7 @@ def run(fmt: str = "mxfp4", ms=MS, dtypes=DTYPES, out_dir: str | Path = "benchma
     result = {
         "gpu": torch.cuda.get_device_name(),
         "fmt": fmt,
-        "layers": f"{LAYERS} Llama-3-8B decoder layers, 7 projections each",
+        "layers": f"{LAYERS} {model(model_name).name} decoder layers, 7 projections each",
         "torch": torch.__version__,
         "commit": _commit(),
         "date": time.strftime("%Y-%m-%d"),

@@ -215,12 +215,13 @@ def _bench_stack(args: argparse.Namespace) -> int:
     ms = _ints(args.m) if args.m else bench_stack.MS
     dtypes = (args.a_dtype,) if args.a_dtype else bench_stack.DTYPES
     if args.build_only:
-        bench.build_only(bench_stack.build_specs(fmt, args.arch, ms, dtypes), jobs=args.jobs)
+        specs = bench_stack.build_specs(fmt, args.arch, ms, dtypes, args.model)
+        bench.build_only(specs, jobs=args.jobs)
         return 0
     if not torch.cuda.is_available():
         print("mxgemm bench: error: needs a CUDA GPU (--build-only builds its kernels here)", file=sys.stderr)
         return 2
-    bench_stack.run(fmt, ms, dtypes, out_dir=args.out)
+    bench_stack.run(fmt, ms, dtypes, out_dir=args.out, model_name=args.model)
     return 0
 
 
@@ -430,8 +431,14 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument(
         "--stack",
         action="store_true",
-        help="time what a model sees instead: two Llama-3-8B layers' projections as MxLinear vs nn.Linear, "
-        "eager / CUDA graph / torch.compile, fp16 and bf16 (first of --formats, default mxfp4)",
+        help="time what a model sees instead: two decoder layers' projections (--model) as MxLinear vs "
+        "nn.Linear, eager / CUDA graph / torch.compile, fp16 and bf16 (first of --formats, default mxfp4)",
+    )
+    b.add_argument(
+        "--model",
+        choices=("llama-3-8b", "qwen2.5-7b", "llama-2-13b"),
+        default="llama-3-8b",
+        help="--stack: whose decoder layers (default llama-3-8b; qwen2.5-7b's q, k, v add a bias)",
     )
     _add_build_only(b, "only build the kernels (no GPU needed)")
     b.set_defaults(func=_bench)

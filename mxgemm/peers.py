@@ -9,7 +9,8 @@ from torch import nn
 
 
 class Tinygemm(nn.Module):
-    """torch's int4 tinygemm layer (bf16, group 32): the kernel torchao's int4 weight-only uses."""
+    """torch's int4 tinygemm layer (bf16, group 32): the kernel torchao's int4 weight-only uses; the
+    linear's bias (if any) added after it."""
 
     def __init__(self, lin: nn.Linear, group: int = 32):
         super().__init__()
@@ -25,9 +26,11 @@ class Tinygemm(nn.Module):
         sz = torch.stack([scale.reshape(n, -1), zero.reshape(n, -1)], -1).transpose(0, 1)
         self.sz = sz.contiguous().to(torch.bfloat16)
         self.group = group
+        self.bias = None if lin.bias is None else lin.bias.detach()
 
     def forward(self, x):
-        return torch._weight_int4pack_mm(x, self.w, self.group, self.sz)
+        y = torch._weight_int4pack_mm(x, self.w, self.group, self.sz)
+        return y if self.bias is None else y + self.bias
 
 
 GEMLITE = {"mxfp4": "A16W4_MXFP", "mxfp8_e4m3": "A16W8_MXFP"}  # GemLite 0.6's layer per format

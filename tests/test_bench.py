@@ -1,5 +1,7 @@
 """`mxgemm bench`'s report (CPU: a result of known rows; the timing itself runs on a GPU)."""
 
+import pytest
+
 from mxgemm import bench
 
 
@@ -80,3 +82,41 @@ def test_the_stack_step_runs_the_projections_as_a_decoder_layer_does():
     for a, b in zip(got, [h, *kv], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(bench_stack._Step(layers)(x)[0], h, rtol=1e-12, atol=1e-12)
+
+
+def test_the_stack_of_each_model_has_its_projections_and_biases():
+    """``mxgemm bench --stack --model``: two decoder layers of the model's published widths (Qwen2.5-7B:
+    hidden 3584, MLP 18944, 4 KV heads of 128, q/k/v with a bias; Llama-2-13B: 5120, 13824, 40 KV
+    heads of 128), and the kernels it builds carry the layers' biases; an unknown model is an error
+    naming the choices."""
+    from mxgemm import bench_stack
+
+    qwen = [(3584, 3584, True), (3584, 512, True), (3584, 512, True), (3584, 3584, False)]
+    qwen += [(3584, 18944, False), (3584, 18944, False), (18944, 3584, False)]
+    assert bench_stack.shapes("qwen2.5-7b") == qwen * 2
+    llama2 = [(5120, 5120)] * 4 + [(5120, 13824)] * 2 + [(13824, 5120)]
+    assert bench_stack.shapes("llama-2-13b") == [(i, o, False) for i, o in llama2] * 2
+    assert bench_stack.shapes() == bench_stack.shapes("llama-3-8b")
+    assert len(bench_stack.shapes()) == 14 and (4096, 1024, False) in bench_stack.shapes()
+    specs = bench_stack.build_specs("mxfp4", "sm_90", (1,), ("bfloat16",), "qwen2.5-7b")
+    got = {(s["k"], s["n"], s["bias"]) for s in specs}
+    assert got == set(qwen)
+    with pytest.raises(ValueError, match="llama-3-8b, qwen2.5-7b, llama-2-13b"):
+        bench_stack.shapes("qwen-72b")
+
+
+@pytest.mark.gpu
+def test_tinygemm_adds_the_linear_bias():
+    """The tinygemm peer (a Qwen stack's q, k, v have biases) adds the linear's bias: its output with
+    the bias minus its output without it is the bias, bit for bit (bf16 on CUDA)."""
+    import torch
+
+    from mxgemm import peers
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 64, bias=True, dtype=torch.bfloat16, device="cuda")
+    with_bias = peers.Tinygemm(lin)
+    plain = peers.Tinygemm(torch.nn.Linear(256, 64, bias=False, dtype=torch.bfloat16, device="cuda"))
+    plain.w, plain.sz = with_bias.w, with_bias.sz
+    x = torch.randn(3, 256, dtype=torch.bfloat16, device="cuda")
+    torch.testing.assert_close(with_bias(x), plain(x) + lin.bias, rtol=0, atol=0)
