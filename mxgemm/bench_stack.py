@@ -59,6 +59,7 @@ MODELS = {
     "llama-2-13b": Model("Llama-2-13B", 5120, 13824, 5120),  # 40 heads of 128, no GQA
 }
 PROJECTIONS = 7  # a decoder layer's: q, k, v, o, gate, up, down
+HOST_SHAPE = (1024, 4096)  # (n, k) of the layer whose eager calls :func:`host_cost` times
 LAYERS = 2
 MS = (1, 4, 16, 32, 64, 128, 256, 1024)
 DTYPES = ("float16", "bfloat16")
@@ -94,6 +95,8 @@ def build_specs(
         for dt in dtypes
         for spec in build_args_all(m, fmt=fmt, n=o, k=i, a_dtype=dt, bias=b, target=arch)
     ]
+    n, k = HOST_SHAPE  # (:func:`host_cost`'s layer, one row, both dtypes)
+    specs += [build_args_all(1, fmt=fmt, n=n, k=k, a_dtype=dt, target=arch)[0] for dt in DTYPES]
     return list({json.dumps(s, sort_keys=True): s for s in specs}.values())
 
 
@@ -141,7 +144,9 @@ def _steps_us(run) -> float:
     return a.elapsed_time(b) * 1e3 / STEPS
 
 
-def host_cost(fmt: str = "mxfp4", n: int = 1024, k: int = 4096, calls: int = 200) -> dict[str, float]:
+def host_cost(
+    fmt: str = "mxfp4", n: int = HOST_SHAPE[0], k: int = HOST_SHAPE[1], calls: int = 200
+) -> dict[str, float]:
     """Wall µs per call of ``calls`` back-to-back eager calls at M=1 on an ``[n, k]`` layer (small
     enough that the GPU keeps up, so this is the host path): nn.Linear, `mxgemm.linear`, MxLinear."""
     import mxgemm

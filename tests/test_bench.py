@@ -99,8 +99,10 @@ def test_the_stack_of_each_model_has_its_projections_and_biases():
     assert bench_stack.shapes() == bench_stack.shapes("llama-3-8b")
     assert len(bench_stack.shapes()) == 14 and (4096, 1024, False) in bench_stack.shapes()
     specs = bench_stack.build_specs("mxfp4", "sm_90", (1,), ("bfloat16",), "qwen2.5-7b")
-    got = {(s["k"], s["n"], s["bias"]) for s in specs}
-    assert got == set(qwen)
+    got = {(s["k"], s["n"], s.get("bias", False)) for s in specs}
+    assert got == {*qwen, (4096, 1024, False)}  # (and the host cost's layer)
+    host = [s for s in specs if (s["n"], s["k"]) == bench_stack.HOST_SHAPE]
+    assert sorted(s["a_dtype"] for s in host) == ["bfloat16", "float16"]
     with pytest.raises(ValueError, match="llama-3-8b, qwen2.5-7b, llama-2-13b"):
         bench_stack.shapes("qwen-72b")
 
