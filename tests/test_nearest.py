@@ -121,19 +121,19 @@ def test_past_256_rows_a_record_whose_grid_would_lose_its_waves_is_not_borrowed(
 
 
 def test_a_shape_the_shipped_log_lacks_runs_its_neighbours_kernels(monkeypatch):
-    """Qwen2.5-7B's MLP (18944×3584): from 128 rows a fused record of a shape like it instead of
+    """Qwen2.5-32B's MLP (27648×5120): from 128 rows a fused record of a shape like it instead of
     decode + cuBLAS, at 32 and 64 the neighbours' kernels instead of the defaults, below 32 rows the
     defaults; without borrowing (``$MXGEMM_NEAREST=0``) as before."""
-    shape = ("mxfp4", 18944, 3584, "float16")
-    assert tunelog.lookup(_key(18944, 3584, 128), VERSIONS) is None
+    shape = ("mxfp4", 27648, 5120, "float16")
+    assert tunelog.lookup(_key(27648, 5120, 128), VERSIONS) is None
     assert ops.plan(128, "sm_90", *shape[:3], "float16") == ("linear", 128)
-    assert builder.tuned_hints("mxfp4", 18944, 3584, 128, "float16", SM90, 32)[0] == "wgmma_w"
-    assert builder.tuned_hints("mxfp4", 18944, 3584, 32, "float16", SM90, 32) is not None
-    assert builder.tuned_hints("mxfp4", 18944, 3584, 16, "float16", SM90, 32) is None  # the defaults
+    assert builder.tuned_hints("mxfp4", 27648, 5120, 128, "float16", SM90, 32)[0] == "wgmma_w"
+    assert builder.tuned_hints("mxfp4", 27648, 5120, 32, "float16", SM90, 32) is not None
+    assert builder.tuned_hints("mxfp4", 27648, 5120, 16, "float16", SM90, 32) is None  # the defaults
     monkeypatch.setenv("MXGEMM_NEAREST", "0")
     ops.clear_kernels()  # (the fixture `borrowing` clears them again after the test)
     assert ops.plan(128, "sm_90", *shape[:3], "float16") == ("decode", None)
-    assert builder.tuned_hints("mxfp4", 18944, 3584, 32, "float16", SM90, 32) is None
+    assert builder.tuned_hints("mxfp4", 27648, 5120, 32, "float16", SM90, 32) is None
     assert ops.plan(20, "sm_90", *shape[:3], "float16") == ("linear", 64)  # 17-32 rows as 64
 
 
@@ -141,8 +141,8 @@ def test_the_tuner_measures_what_a_shape_the_logs_lack_runs_now():
     """`mxgemm tune` of such a shape seeds each rule with the record it borrows: a tuned record is
     then never slower than what ran before it (the same run times both)."""
     for bucket in (32, 128):
-        task = tune.Task("mxfp4", 18944, 3584, bucket, "float16", "sm_90")
-        rule, hints = builder.tuned_hints("mxfp4", 18944, 3584, bucket, "float16", SM90, 32)
+        task = tune.Task("mxfp4", 27648, 5120, bucket, "float16", "sm_90")
+        rule, hints = builder.tuned_hints("mxfp4", 27648, 5120, bucket, "float16", SM90, 32)
         assert (rule, hints) in tune.candidates(task, 2)
 
 
