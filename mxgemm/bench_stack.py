@@ -4,8 +4,9 @@ against the same stack as ``nn.Linear``, in eager mode, in a CUDA graph and unde
 
 The stack is two decoder layers' seven projections (q, k, v, o, gate, up, down: 14 calls a step) of a
 model of :data:`MODELS`: Llama-3-8B by default (436 M weights, 870 MB in 16 bits, so L2 holds none of
-it between calls), or Qwen2.5-7B (q, k and v with a bias) or Llama-2-13B, whose widths the shipped
-tune log lacks (their layers borrow the nearest tuned shape's record: :mod:`mxgemm.nearest`). A step
+it between calls), or Qwen2.5-7B (q, k and v with a bias) or Llama-2-13B, models of other widths
+(tuned since 2026-11-30 at 1-256 rows; before, their layers borrowed the nearest tuned shape's
+record: :mod:`mxgemm.nearest`). A step
 runs them as a model does (:func:`_decoder_step`): one input, the hidden state ``[m, hidden]``, that
 q, k, v, gate and up read; o reads q's output (in place of attention's), down ``silu(gate) · up``,
 and the next layer reads ``h + o + down``. Every mode runs that one function: eager steps timed back to

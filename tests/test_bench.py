@@ -105,6 +105,15 @@ def test_the_stack_of_each_model_has_its_projections_and_biases():
     assert sorted(s["a_dtype"] for s in host) == ["bfloat16", "float16"]
     with pytest.raises(ValueError, match="llama-3-8b, qwen2.5-7b, llama-2-13b"):
         bench_stack.shapes("qwen-72b")
+    from mxgemm import cli
+
+    args = cli.build_parser().parse_args(["bench", "--stack", "--model", "qwen2.5-7b"])
+    assert args.model == "qwen2.5-7b"
+    with pytest.raises(SystemExit):  # (argparse names the choices: the models of bench_stack.MODELS)
+        cli.build_parser().parse_args(["bench", "--stack", "--model", "qwen-72b"])
+    sub = next(a for a in cli.build_parser()._actions if a.dest == "command")  # noqa: SLF001
+    choices = next(a.choices for a in sub.choices["bench"]._actions if a.dest == "model")  # noqa: SLF001
+    assert tuple(choices) == tuple(bench_stack.MODELS)
 
 
 @pytest.mark.gpu
