@@ -33,37 +33,42 @@ REPLAYS = 7
 PEERS = ("tinygemm_int4", "gemlite")  # methods of the peers' rows (--peers)
 
 
-def build_specs(shapes, ms, fmts, a_dtype: str, arch: str) -> list[dict[str, Any]]:
+def build_specs(shapes, ms, fmts, a_dtype: str, arch: str, tuned: bool = True) -> list[dict[str, Any]]:
     """The `mxgemm.build` arguments of every kernel a run needs (what `mxgemm.linear` picks per M, and
-    where it splits the rows, what the ``mxgemm_unsplit`` rows run)."""
+    where it splits the rows, what the ``mxgemm_unsplit`` rows run); ``tuned=False``: what it picks
+    with the rules' defaults (the ``mxgemm_default`` rows), whose route may differ (no record: the
+    ``mma`` kernel where a record says decode + cuBLAS)."""
     from mxgemm.ops import build_args, build_args_all
 
     decoded = (DECODE_ROWS_FROM,) if max(ms) >= DECODE_ROWS_FROM else ()  # the mxgemm_decode rows' kernel
     layers = [dict(fmt=f, n=n, k=k, a_dtype=a_dtype, target=arch) for f in fmts for n, k in shapes]
-    specs = [
-        spec
-        for layer in layers
-        for m in (*ms, *(max(ms + (4096,)),) * bool(decoded))
-        for spec in (build_args(m, **layer), *build_args_all(m, **layer))  # unsplit, and as split
-    ]
+    with _tuned(tuned):
+        specs = [
+            spec
+            for layer in layers
+            for m in (*ms, *(max(ms + (4096,)),) * bool(decoded))
+            for spec in (build_args(m, **layer), *build_args_all(m, **layer))  # unsplit, and as split
+        ]
     return list({json.dumps(s, sort_keys=True): s for s in specs}.values())
 
 
-def build_only(specs: list[dict[str, Any]], jobs: int = 2, compare_default: bool = False) -> None:
-    """Build ``specs`` (tuned hints from the tune logs; with ``compare_default`` the rules' default
-    hints too) into the kernel cache."""
+def build_only(
+    specs: list[dict[str, Any]], jobs: int = 2, defaults: list[dict[str, Any]] | None = None
+) -> None:
+    """Build ``specs`` (tuned hints from the tune logs) and ``defaults`` (:func:`build_specs` with
+    ``tuned=False``, built with the rules' default hints) into the kernel cache."""
     from concurrent.futures import ProcessPoolExecutor
 
     import mxgemm
 
     t0 = time.perf_counter()
-    for tuned in (True, False) if compare_default else (True,):
+    for tuned, todo in ((True, specs), (False, defaults or [])):
         with _tuned(tuned), ProcessPoolExecutor(jobs) as pool:  # workers inherit the setting
-            for i, k in enumerate(pool.map(_build_repr, specs)):
-                print(f"[{i + 1}/{len(specs)}] {k}", flush=True)
+            for i, k in enumerate(pool.map(_build_repr, todo)):
+                print(f"[{i + 1}/{len(todo)}] {k}", flush=True)
     where = mxgemm.codegen.cache.cache_dir()
-    passes = 2 if compare_default else 1
-    print(f"built {passes * len(specs)} kernels in {time.perf_counter() - t0:.0f} s into {where}")
+    n = len(specs) + len(defaults or [])
+    print(f"built {n} kernels in {time.perf_counter() - t0:.0f} s into {where}")
 
 
 def _tuned(on: bool):

@@ -173,7 +173,10 @@ def _bench(args: argparse.Namespace) -> int:
     ms = _ints(args.m) if args.m else bench.MS
     if args.build_only:
         specs = bench.build_specs(shapes, ms, fmts, args.a_dtype, args.arch)
-        bench.build_only(specs, jobs=args.jobs, compare_default=args.compare_default)
+        defaults = None  # (the mxgemm_default rows' kernels: their routes may differ from the tuned)
+        if args.compare_default:
+            defaults = bench.build_specs(shapes, ms, fmts, args.a_dtype, args.arch, tuned=False)
+        bench.build_only(specs, jobs=args.jobs, defaults=defaults)
         return 0
     if not torch.cuda.is_available():
         print(

@@ -131,3 +131,15 @@ def test_tinygemm_adds_the_linear_bias():
     plain.w, plain.sz = with_bias.w, with_bias.sz
     x = torch.randn(3, 256, dtype=torch.bfloat16, device="cuda")
     torch.testing.assert_close(with_bias(x), plain(x) + lin.bias, rtol=0, atol=0)
+
+
+def test_compare_default_builds_the_routes_the_defaults_take():
+    """``mxgemm bench --build-only --compare-default``: where the tune log's record routes a call to
+    decode + cuBLAS (512×3584 mxfp4 at 64 rows, a shipped record) the rules' defaults run the fused
+    ``mma`` kernel of the bucket; both are among the kernels built, each with its own hints."""
+    shape, dt = ((512, 3584),), "float16"
+    tuned = bench.build_specs(shape, (64,), ("mxfp4",), dt, "sm_90")
+    untuned = bench.build_specs(shape, (64,), ("mxfp4",), dt, "sm_90", tuned=False)
+    routes = lambda specs: {(s.get("op", "linear"), s.get("m_bucket")) for s in specs}  # noqa: E731
+    assert routes(tuned) == {("decode", None)}  # (also the mxgemm_decode rows' kernel)
+    assert routes(untuned) == {("linear", 64), ("decode", None)}
