@@ -812,21 +812,22 @@ def test_17_to_32_rows_run_as_64_until_the_log_holds_a_record_of_their_own(tmp_p
     assert ops.plan(20, "sm_90", "mxfp4", 1024, 1024, "float16") == ("linear", 64)  # another shape
 
 
-def test_the_rule_serves_257_to_1024_rows_where_a_record_names_it(tmp_path, monkeypatch):
-    """Buckets of 128 rows from 257 to 1024 rows: decode + cuBLAS untuned (no routed rule serves them),
-    the fused kernel where the log's record for that bucket says it measured faster; past 1024 rows
-    decode + cuBLAS."""
+def test_the_rule_serves_257_to_4096_rows_where_a_record_names_it(tmp_path, monkeypatch):
+    """Buckets of 128 rows from 257 to 1024 rows, then 2048 and 4096: decode + cuBLAS untuned (no routed
+    rule serves them), the fused kernel where the log's record for that bucket says it measured faster;
+    past 4096 rows decode + cuBLAS."""
     sm90 = targets.cuda("sm_90")
     for bucket in ops.WIDE:
         spec = builder.KernelSpec("mxfp4", 512, 1024, bucket, "float16", "float16", False, 32, sm90)
         assert rules.route(spec) == [rules.get("dlight")] and rules.tunable(spec) == [rules.get("wgmma_w")]
-    buckets = {m: builder.m_bucket_for(m, "cuda") for m in (256, 257, 384, 385, 1000, 1024, 1025)}
-    assert buckets == {256: 256, 257: 384, 384: 384, 385: 512, 1000: 1024, 1024: 1024, 1025: None}
+    rows = (256, 257, 384, 385, 1000, 1024, 1025, 2048, 2049, 4096, 4097)
+    buckets = {m: builder.m_bucket_for(m, "cuda") for m in rows}
+    assert [buckets[m] for m in rows] == [256, 384, 384, 512, 1024, 1024, 2048, 2048, 4096, 4096, None]
     assert ops.plan(300, "sm_90", "mxfp4", 512, 1024, "float16") == ("decode", None)
     _record(tmp_path, monkeypatch, "mxfp4", 512, 1024, 384, wgmma_w.Hints(2, 3, 1, mt=256, ring=1, tma=2))
     for m in (257, 300, 384):
         assert ops.plan(m, "sm_90", "mxfp4", 512, 1024, "float16") == ("linear", 384)
-    for m in (256, 385, 1024, 1025):  # buckets without a record
+    for m in (256, 385, 1024, 1025, 4097):  # buckets without a record, and past the last
         assert ops.plan(m, "sm_90", "mxfp4", 512, 1024, "float16") == ("decode", None)
 
 
