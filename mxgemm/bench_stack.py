@@ -240,6 +240,7 @@ def run(
 
     dev = torch.device("cuda")
     torch.manual_seed(0)
+    layers_of = model(model_name)  # (an unknown name fails here, before any timing)
     host = host_cost(fmt)
     for name, us in host.items():
         print(f"host cost per call, {name}: {us:.1f} us", flush=True)
@@ -262,7 +263,7 @@ def run(
         if peer is not None:
             stacks[f"gemlite_{fmt}"] = peer
         for m in ms:
-            x = torch.randn(m, model(model_name).hidden, device=dev, dtype=dt)
+            x = torch.randn(m, layers_of.hidden, device=dev, dtype=dt)
             steps = {name: _step(layers, x) for name, layers in stacks.items()}
             eager = _time_eager(steps)
             base: dict[str, float] = {}
@@ -284,7 +285,7 @@ def run(
     result = {
         "gpu": torch.cuda.get_device_name(),
         "fmt": fmt,
-        "layers": f"{LAYERS} {model(model_name).name} decoder layers, 7 projections each",
+        "layers": f"{LAYERS} {layers_of.name} decoder layers, 7 projections each",
         "torch": torch.__version__,
         "commit": _commit(),
         "date": time.strftime("%Y-%m-%d"),
