@@ -43,8 +43,10 @@ WAIT1 = "tvm_builtin_ptx_wgmma_wait_group_wait_group_sync_aligned_1();"
 WGMMA = re.compile(
     r'(asm volatile\(")(\{ \.reg \.pred ps0; setp\.ne\.b32 ps0, %\d+, 0; wgmma\.mma_async[^"]*)(")'
 )
-DECODE = re.compile(r"^(\s*)_ptr_11\[(\d+)\] = \(\(mxgemm_prmt\(.*$", re.M)
-FOLD = re.compile(r"^\s*tvm_builtin_ptx_fma_half_rn_f16x2\(_ptr_11\[\d+\].*$\n", re.M)
+# a fragment register's decode: (indent, fragment buffer, index, the code words' buffer); TVM numbers
+# the buffers per kernel, so their names are taken from the match
+DECODE = re.compile(r"^(\s*)(_ptr_\d+)\[(\d+)\] = \(\(mxgemm_prmt\(\((_ptr_\d+)\[.*$", re.M)
+FOLD = re.compile(r"^\s*tvm_builtin_ptx_fma_half_rn_f16x2\(_ptr_\d+\[\d+\].*$\n", re.M)
 FOLD_CALL = "tvm_builtin_ptx_fma_half_rn_f16x2(_ptr_11["
 ACT_TMA = "(&(v))))"  # the activations' tensor map (the codes' is ``v_1``)
 
@@ -61,7 +63,7 @@ def notensor(c: str) -> str:
 
 
 def nodecode(c: str) -> str:
-    c = _subn(DECODE, lambda m: f"{m[1]}_ptr_11[{m[2]}] = _ptr_14[{int(m[2]) % 8}];", c)
+    c = _subn(DECODE, lambda m: f"{m[1]}{m[2]}[{m[3]}] = {m[4]}[{int(m[3]) % 8}];", c)
     return _subn(FOLD, "", c)
 
 

@@ -16,8 +16,13 @@ SS, A) are shared tiles the descriptors read.
   ``_dnew``: the same pairs with the shifts taken out of the pairs, three a word: the word shifted
   left 4 and 1 merged by one ``lop3`` (each low code's sign to bit 7 of its byte, its exponent and
   mantissa to bits 1-3), the word and itself shifted right 3 likewise for the high codes, then a
-  ``prmt`` (the two codes' bytes to the halves' high bytes) and a mask a pair). The busy warps' loop
-  trips a kilocycle come with the rows (block 0's thread 128).
+  ``prmt`` (the two codes' bytes to the halves' high bytes) and a mask a pair; ``_dlut``: the same
+  pairs without a shift, by a byte table (:data:`DECODES` ``lut``); ``_iadd``: 3-input adds). The busy
+  warps' loop trips a kilocycle come with the rows (block 0's thread 128).
+- ``fused_n{N}_w{wgs}_{dec}``: the shape of ``wgmma_w``'s compute warpgroups: each warpgroup decodes a
+  slot's 8 words of e2m1 codes a thread (:data:`DECODES`: none, ``pairs._sign_pair``'s, the byte
+  table's) and folds them into 32 fragment registers, issues its 8 wgmmas on them, commits and waits
+  for the group before (two fragment sets in turn); cycles a slot per warpgroup.
 
 Build here (nvcc), run on the GPU (torch and the CUDA driver through ctypes; no TVM)::
 
@@ -103,6 +108,8 @@ ALU_OPS = {  # the busy warpgroups' loop body, per register: the decode's ops, o
     "_dnew": "unsigned a = x[i] << 4, b = x[i] << 1, c = x[i] >> 3; "
     "unsigned u = (a & 0x80808080u) | (b & 0x7f7f7f7fu), t = (x[i] & 0x80808080u) | (c & 0x7f7f7f7fu); "
     "y = 0; PAIRS_NEW",
+    "_iadd": "y = x[i] + (x[i] ^ r) + r; y = y + x[i] + 0x1234u;",
+    "_dlut": "y = 0; PAIRS_LUT",
     "_cvt": 'asm volatile("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2.e4m3x2 %0, lo; }" '
     ': "=r"(y) : "r"(x[i]));',
 }
@@ -131,9 +138,25 @@ def source_alu(n: int, alu_wgs: int, ss: bool = False, ops: str = "") -> str:
         f"{{ unsigned z = __byte_perm(u, t, {p << 4 | (4 + p) << 12}) & 0x8e008e00u; {mul_z} y ^= z; }}"
         for p in range(4)
     )
+    # the same pairs by a byte table: each half-word's 4 codes looked up (magnitudes, a prmt of the
+    # sign-masked selector), their signs a prmt in sign-replicating mode (0x80 / 0xFF) made 0x80 by a
+    # mask and a 3-input add; two prmts spread the 4 bytes into the pairs' high bytes: no shift
+    lut = (
+        'asm("prmt.b32 %0, %1, %2, %3;" : "=r"(m) : "r"(0x06040200u), "r"(0x0E0C0A08u), "r"(s & 0x7777u)); '
+        'asm("prmt.b32 %0, %1, %2, %3;" : "=r"(g) : "r"(0x80808080u), "r"(0x80808080u), "r"(s)); '
+        "g &= 0x40404040u; m = m + g + g; "
+    )
+    pairs_lut = "unsigned wh = __byte_perm(x[i], 0, 0x3232); " + " ".join(
+        f"{{ unsigned s = {src}, m, g; {lut}"
+        + " ".join(
+            f"{{ unsigned z = __byte_perm(m, 0, {c}); {mul_z} y ^= z; }}" for c in ("0x1404", "0x3424")
+        )
+        + " }"
+        for src in ("x[i]", "wh")
+    )
     body_ops = (
         ALU_OPS[ops].replace("HMUL", hmul).replace("PAIRS_NOW", pairs_now).replace("PAIRS_NEW", pairs_new)
-    )
+    ).replace("PAIRS_LUT", pairs_lut)
     return f"""
 extern "C" __global__ void {bounds} busy{"_ss" if ss else ""}_n{n}_a{alu_wgs}{ops}(float *out, int groups) {{
   __shared__ volatile int done;
@@ -174,6 +197,105 @@ extern "C" __global__ void {bounds} busy{"_ss" if ss else ""}_n{n}_a{alu_wgs}{op
 """
 
 
+ASM_PRMT = 'asm("prmt.b32 %0, %1, %2, %3;" : "=r"({d}) : "r"({a}), "r"({b}), "r"({s})); '
+# a half-word's 4 e2m1 codes looked up in a byte table: magnitudes (``em << 1``) by a prmt of the
+# sign-masked selector; signs by a sign-replicating prmt (0x80 / 0xFF) made 0x80 by a mask and a 3-input
+# add; ``m`` then holds the 4 codes' fp16 high bytes
+_LUT = (
+    ASM_PRMT.format(d="m", a="0x06040200u", b="0x0E0C0A08u", s="s[h] & 0x7777u")
+    + ASM_PRMT.format(d="g", a="0x80808080u", b="0x80808080u", s="s[h]")
+    + "g &= 0x40404040u; m = m + g + g; "
+)
+_HALVES = "unsigned s[2] = {w, __byte_perm(w, 0, 0x3232)}; for (int h = 0; h < 2; ++h) { unsigned m, g; "
+_CVT_E5M2 = (
+    'asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %2; cvt.rn.f16x2.e5m2x2 %0, lo; '
+    'cvt.rn.f16x2.e5m2x2 %1, hi; }" : "=r"(p[2 * h]), "=r"(p[2 * h + 1]) : "r"(m)); '
+)
+DECODES = {  # a word ``w`` of 8 e2m1 codes into the 4 fp16 pairs ``p[0..3]`` (``fused_*`` kernels)
+    "none": "p[0] = w; p[1] = w; p[2] = w; p[3] = w;",
+    # pairs._sign_pair: a sign-replicating prmt, a shift and a mask a pair (one more shift a word)
+    "now": "{ unsigned a = w << 4; "
+    + " ".join(
+        ASM_PRMT.format(d=f"p[{q}]", a="a", b="w", s=q | (8 | q) << 4 | (4 + q) << 8 | (12 + q) << 12)
+        + f"p[{q}] = (p[{q}] << 5) & 0x8e008e00u;"
+        for q in range(4)
+    )
+    + " }",
+    # the byte table, then two prmts spread each half's 4 bytes into the pairs' high bytes: no shift
+    "lut": "{ "
+    + _HALVES
+    + _LUT
+    + "p[2 * h] = __byte_perm(m, 0, 0x1404); p[2 * h + 1] = __byte_perm(m, 0, 0x3424); } }",
+    # the same, each half's 4 bytes spread by a cvt of e5m2 pairs (fp16's high bytes) instead
+    "lutcvt": "{ " + _HALVES + _LUT + _CVT_E5M2 + "} }",
+}
+
+
+def source_fused(n: int, wgs: int, dec: str) -> str:
+    """Kernel ``fused_n{n}_w{wgs}_{dec}(float *out, int groups)``: ``wgs`` warpgroups, each as
+    ``wgmma_w``'s compute warpgroups run a slot: 8 words of e2m1 codes decoded (``DECODES[dec]``) and
+    folded (an ``f16x2`` multiply a pair) into 32 fragment registers, then 8 wgmmas with A from them,
+    committed, the group before waited for; two fragment sets in turn. No loads. Each warpgroup's
+    cycles to ``out[block * wgs + wg]``."""
+    regs = n // 2
+    d_ops = ", ".join(f"%{i}" for i in range(regs))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    a_ops = ", ".join(f"%{regs + i}" for i in range(4))
+
+    def wg(buf: str, w: int) -> str:
+        ins = ", ".join(f'"r"({buf}[{4 * w + i}])' for i in range(4))
+        return (
+            f'asm volatile("{{ wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{{d_ops}}}, {{{a_ops}}}, '
+            f'%{regs + 4}, 1, 1, 1, 0; }}" : {outs} : {ins}, "l"(desc));'
+        )
+
+    hmul = 'asm("mul.rn.f16x2 %0, %1, %2;" : "=r"({d}) : "r"({p}), "r"(hm));'
+
+    def half(buf: str) -> str:
+        dec_words = "\n".join(
+            f"    {{ unsigned w = x[{i}] ^ (unsigned)g, p[4]; {DECODES[dec]} "
+            + " ".join(hmul.format(d=f"{buf}[{4 * i + q}]", p=f"p[{q}]") for q in range(4))
+            + " }"
+            for i in range(8)
+        )
+        wgmmas = "\n".join(f"    {wg(buf, w)}" for w in range(8))
+        return (
+            f"{dec_words}\n"
+            '    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");\n'
+            f"{wgmmas}\n"
+            '    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");\n'
+            '    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");\n'
+        )
+
+    return f"""
+extern "C" __global__ void __launch_bounds__({128 * wgs}, 1)
+fused_n{n}_w{wgs}_{dec}(float *out, int groups) {{
+  __shared__ alignas(1024) unsigned short b[4 * 16 * {n}];
+  for (int i = threadIdx.x; i < 4 * 16 * {n}; i += blockDim.x) b[i] = 0x3c00;
+  __syncthreads();
+  unsigned addr = (unsigned)__cvta_generic_to_shared(b);
+  unsigned long long lbo = {n} / 8 * 128 >> 4, desc = ((addr & 0x3FFFF) >> 4) | (lbo << 16) | (8ull << 32);
+  unsigned x[8];
+  for (int i = 0; i < 8; ++i) x[i] = (threadIdx.x + 1) * (i + 1) * 0x9E3779B9u;
+  unsigned hm = 0x3c003c00u ^ (threadIdx.x >> 12), a0[32], a1[32];
+  float d[{regs}];
+  for (int i = 0; i < {regs}; ++i) d[i] = 0.f;
+  long long t0 = clock64();
+  for (int g = 0; g < groups; g += 2) {{
+{half("a0")}{half("a1").replace("(unsigned)g", "(unsigned)(g + 1)")}  }}
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  long long t1 = clock64();
+  float s = 0.f;
+  for (int i = 0; i < {regs}; ++i) s += d[i];
+  if (threadIdx.x % 128 == 0) out[blockIdx.x * {wgs} + threadIdx.x / 128] = (float)(t1 - t0);
+  out[gridDim.x * {wgs} + blockIdx.x * blockDim.x + threadIdx.x] = s;
+}}
+"""
+
+
+FUSED = [(64, w, d) for w in (1, 2) for d in DECODES] + [(128, 2, d) for d in DECODES]
+
+
 def build(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     code = "\n".join(source(*c) for c in itertools.product(NS, DEPTHS, WGS))
@@ -185,7 +307,9 @@ def build(out: Path) -> None:
     code += "\n".join(
         source_alu(64, a, False, ops) for a in (1, 2) for ops in ("_prmt", "_lop", "_shf", "_cvt")
     )
-    code += "\n".join(source_alu(64, a, False, ops) for a in (0, 1, 2) for ops in ("_dnow", "_dnew"))
+    code += "\n".join(source_alu(64, a, False, ops) for a in (0, 1, 2) for ops in ("_dnow", "_dnew", "_dlut"))
+    code += "\n".join(source_alu(64, a, False, "_iadd") for a in (1, 2))
+    code += "\n".join(source_fused(*c) for c in FUSED)
     (out / "rate.cu").write_text(code)
     cmd = ["nvcc", "-cubin", "-O3", "-arch=sm_90a", "-o", str(out / "rate.cubin"), str(out / "rate.cu")]
     subprocess.run(cmd, check=True)
@@ -199,7 +323,7 @@ def run_busy(cuda, mod, sms: int, stream, groups: int, only: str) -> None:
     cases = [(*c, "") for c in itertools.product((64, 128, 256), (0, 1, 2), ("", "_ss"))]
     cases += [(64, *c) for c in itertools.product((1, 2), ("", "_ss"), ("_int", "_f16"))]
     cases += [(64, *c) for c in itertools.product((1, 2), ("",), ("_prmt", "_lop", "_shf", "_cvt"))]
-    cases += [(64, *c) for c in itertools.product((1, 2), ("",), ("_dnow", "_dnew"))]
+    cases += [(64, *c) for c in itertools.product((1, 2), ("",), ("_dnow", "_dnew", "_dlut", "_iadd"))]
     for n, alu, ss, ops in cases:
         name = f"busy{ss}_n{n}_a{alu}{ops}"
         if only not in name:
@@ -228,6 +352,29 @@ def run_busy(cuda, mod, sms: int, stream, groups: int, only: str) -> None:
         print(json.dumps(row), flush=True)
 
 
+def run_fused(cuda, mod, sms: int, stream, groups: int, only: str) -> None:
+    """The ``fused_*`` kernels: cycles a slot (8 words decoded a thread, 8 wgmmas) per warpgroup."""
+    import torch
+
+    for n, wgs, dec in FUSED:
+        name = f"fused_n{n}_w{wgs}_{dec}"
+        if only not in name:
+            continue
+        fn = ctypes.c_void_p()
+        assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()) == 0
+        buf = torch.zeros(sms * wgs + sms * 128 * wgs, device="cuda")
+        ptr, g = ctypes.c_void_p(buf.data_ptr()), ctypes.c_int(groups)
+        args = (ctypes.c_void_p * 2)(ctypes.addressof(ptr), ctypes.addressof(g))
+        for _ in range(3):
+            assert cuda.cuLaunchKernel(fn, sms, 1, 1, 128 * wgs, 1, 1, 0, stream, args, None) == 0
+        torch.cuda.synchronize()
+        cycles = float(buf[: sms * wgs].median())
+        flops = 2 * 64 * n * 16 * GROUP * groups * wgs
+        row = {"n": n, "warpgroups": wgs, "decode": dec, "cycles_per_slot": round(cycles / groups, 1)}
+        row["tflops_at_1.98ghz"] = round(flops / cycles * 1.98e9 * sms / 1e12, 1)
+        print(json.dumps(row), flush=True)
+
+
 def run(out: Path, groups: int = 2000, only: str = "") -> None:
     import torch
 
@@ -241,6 +388,7 @@ def run(out: Path, groups: int = 2000, only: str = "") -> None:
     buf = torch.empty(sms * 384, device="cuda")
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     run_busy(cuda, mod, sms, stream, groups, only)
+    run_fused(cuda, mod, sms, stream, groups, only)
     cases = [(*c, "") for c in itertools.product(NS, DEPTHS, WGS)] + [(64, 2, w, "_dyn") for w in (1, 2)]
     for n, depth, wgs, dyn in cases:
         fn = ctypes.c_void_p()
