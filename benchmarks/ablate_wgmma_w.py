@@ -194,7 +194,8 @@ def trace(c: str) -> str:
             body.append(mark(ind, "wgwait"))
     ind = _indent(lines[i0])
     head = [
-        ind + "long long _t[5] = {0, 0, 0, 0, 0}; long long _tl; { long long _tc; " + clk + " _tl = _tc; }"
+        ind + f"long long _t[{len(PHASES)}] = {{0}}; long long _tl; "
+        "{ long long _tc; " + clk + " _tl = _tc; }"
     ]
     fmt = " ".join(f"{p} %lld" for p in PHASES)
     tail = [
