@@ -150,8 +150,9 @@ def above(task: tune.Task) -> list[tuple[str, dict]]:
 @functools.cache
 def fp16(task: tune.Task) -> list[tuple[str, dict]]:
     """A bf16 task's kernel now and the fused hints of the fp16 record for the same shape and bucket
-    (the issue asks bf16 within 5% of fp16; a bf16 record tuned on its own can trail the fp16 one's
-    hints, which the tuner seeds with but the later rounds did not time again); none for fp16 tasks."""
+    (bf16 layers should run within a few percent of fp16 ones; a bf16 record tuned on its own can
+    trail the fp16 record's hints, which the tuner seeds with but later rounds did not time again);
+    none for fp16 tasks."""
     if task.a_dtype != "bfloat16":
         return []
     return _with_records(task, lambda t, rule: [h for h in [tune._fp16_twin(t, rule)] if h is not None])  # noqa: SLF001
