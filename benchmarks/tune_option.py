@@ -15,7 +15,8 @@ With ``--adjacent``, the record
 against the records of the M buckets just below and above it and of larger buckets that measured
 faster (a tile tuned for 64 rows, two tiles at 128; hints the tuner's sample may have missed); with
 ``--above``, against the faster records of larger buckets alone (a kernel that serves more rows in
-less time); with ``--fp16``, a bf16 record against the fp16 record's fused hints for the same key.
+less time); with ``--other-dtype``, a record against the other activation dtype's record's fused hints
+for the same key.
 With ``--resplit``, a ``wgmma_w`` record against
 itself with K split 1, 2 (also in a cluster), 4 or 8 ways, stream-K off (the tuner samples a few
 hundred of the rule's ~30000 candidates a task); an ``mma`` record against itself with K split over a
@@ -32,7 +33,7 @@ cluster of 2 or 4 blocks.
     python benchmarks/tune_option.py DIR --above --m 32,64,128,256,384,512,640,768,896
     python benchmarks/tune_option.py DIR --resplit --m 128,256
     python benchmarks/tune_option.py DIR --resplit --m 1,4,16
-    python benchmarks/tune_option.py DIR --fp16 --dtypes bfloat16 --formats mxfp4,mxfp8_e4m3,mxfp6_e2m3 \
+    python benchmarks/tune_option.py DIR --other-dtype --formats mxfp4,mxfp8_e4m3,mxfp6_e2m3 \
         --m 1,4,16,32,64,128,256,512,1024
 """
 
@@ -147,15 +148,22 @@ def above(task: tune.Task) -> list[tuple[str, dict]]:
     return _with_records(task, lambda t, rule: tune.at_buckets(t, rule, tune.faster_above(t)))
 
 
+OTHER_DTYPE = {"float16": "bfloat16", "bfloat16": "float16"}
+
+
 @functools.cache
-def fp16(task: tune.Task) -> list[tuple[str, dict]]:
-    """A bf16 task's kernel now and the fused hints of the fp16 record for the same shape and bucket
-    (bf16 layers should run within a few percent of fp16 ones; a bf16 record tuned on its own can
-    trail the fp16 record's hints, which the tuner seeds with but later rounds did not time again);
-    none for fp16 tasks."""
-    if task.a_dtype != "bfloat16":
-        return []
-    return _with_records(task, lambda t, rule: [h for h in [tune._fp16_twin(t, rule)] if h is not None])  # noqa: SLF001
+def other_dtype(task: tune.Task) -> list[tuple[str, dict]]:
+    """A task's kernel now and the fused hints of the other activation dtype's record for the same
+    shape and bucket (bf16 layers should run within a few percent of fp16 ones; a record tuned for one
+    dtype can trail the other's hints, which the tuner seeds bf16 tasks with but later rounds did not
+    time again, and fp16 tasks not at all)."""
+    other = dataclasses.replace(task, a_dtype=OTHER_DTYPE[task.a_dtype])
+
+    def theirs(t: tune.Task, rule) -> list:
+        h = tune._recorded(other, rule)  # noqa: SLF001
+        return [] if h is None else [rule.typed(h.to_dict())]
+
+    return _with_records(task, theirs)
 
 
 def resplit(task: tune.Task) -> list[tuple[str, dict]]:
@@ -211,7 +219,9 @@ def main() -> None:
         "--above", action="store_true", help="the record and the faster records of larger buckets"
     )
     how.add_argument("--resplit", action="store_true", help="the record and it with K split otherwise")
-    how.add_argument("--fp16", action="store_true", help="a bf16 record and the fp16 record's hints")
+    how.add_argument(
+        "--other-dtype", action="store_true", help="a record and the other dtype's record's hints"
+    )
     ap.add_argument("--cheapest", action="store_true", help="with --like: and the wgmma_w rule's default")
     ap.add_argument("--rule", default="wgmma_w")
     a = ap.parse_args()
@@ -232,8 +242,8 @@ def main() -> None:
     if a.resplit:
         rounds.build(a, resplit)
         return
-    if a.fp16:
-        rounds.build(a, fp16)
+    if a.other_dtype:
+        rounds.build(a, other_dtype)
         return
     if a.twin:
         rounds.build(a, lambda task: twins(task, a.twin, rule))
