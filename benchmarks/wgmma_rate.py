@@ -138,16 +138,8 @@ def source_alu(n: int, alu_wgs: int, ss: bool = False, ops: str = "") -> str:
         f"{{ unsigned z = __byte_perm(u, t, {p << 4 | (4 + p) << 12}) & 0x8e008e00u; {mul_z} y ^= z; }}"
         for p in range(4)
     )
-    # the same pairs by a byte table: each half-word's 4 codes looked up (magnitudes, a prmt of the
-    # sign-masked selector), their signs a prmt in sign-replicating mode (0x80 / 0xFF) made 0x80 by a
-    # mask and a 3-input add; two prmts spread the 4 bytes into the pairs' high bytes: no shift
-    lut = (
-        'asm("prmt.b32 %0, %1, %2, %3;" : "=r"(m) : "r"(0x06040200u), "r"(0x0E0C0A08u), "r"(s & 0x7777u)); '
-        'asm("prmt.b32 %0, %1, %2, %3;" : "=r"(g) : "r"(0x80808080u), "r"(0x80808080u), "r"(s)); '
-        "g &= 0x40404040u; m = m + g + g; "
-    )
     pairs_lut = "unsigned wh = __byte_perm(x[i], 0, 0x3232); " + " ".join(
-        f"{{ unsigned s = {src}, m, g; {lut}"
+        f"{{ unsigned s = {src}, m, g; {_lut('s')}"
         + " ".join(
             f"{{ unsigned z = __byte_perm(m, 0, {c}); {mul_z} y ^= z; }}" for c in ("0x1404", "0x3424")
         )
@@ -198,14 +190,19 @@ extern "C" __global__ void {bounds} busy{"_ss" if ss else ""}_n{n}_a{alu_wgs}{op
 
 
 ASM_PRMT = 'asm("prmt.b32 %0, %1, %2, %3;" : "=r"({d}) : "r"({a}), "r"({b}), "r"({s})); '
-# a half-word's 4 e2m1 codes looked up in a byte table: magnitudes (``em << 1``) by a prmt of the
-# sign-masked selector; signs by a sign-replicating prmt (0x80 / 0xFF) made 0x80 by a mask and a 3-input
-# add; ``m`` then holds the 4 codes' fp16 high bytes
-_LUT = (
-    ASM_PRMT.format(d="m", a="0x06040200u", b="0x0E0C0A08u", s="s[h] & 0x7777u")
-    + ASM_PRMT.format(d="g", a="0x80808080u", b="0x80808080u", s="s[h]")
-    + "g &= 0x40404040u; m = m + g + g; "
-)
+
+
+def _lut(s: str) -> str:
+    """C statements that look a half-word ``s``'s 4 e2m1 codes up in a byte table: their magnitudes
+    (``em << 1``) by a prmt of the sign-masked selector, their signs by a sign-replicating prmt (0x80
+    / 0xFF) made 0x80 by a mask and a 3-input add; ``m`` then holds the 4 codes' fp16 high bytes."""
+    return (
+        ASM_PRMT.format(d="m", a="0x06040200u", b="0x0E0C0A08u", s=f"{s} & 0x7777u")
+        + ASM_PRMT.format(d="g", a="0x80808080u", b="0x80808080u", s=s)
+        + "g &= 0x40404040u; m = m + g + g; "
+    )
+
+
 _HALVES = "unsigned s[2] = {w, __byte_perm(w, 0, 0x3232)}; for (int h = 0; h < 2; ++h) { unsigned m, g; "
 _CVT_E5M2 = (
     'asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %2; cvt.rn.f16x2.e5m2x2 %0, lo; '
@@ -224,10 +221,10 @@ DECODES = {  # a word ``w`` of 8 e2m1 codes into the 4 fp16 pairs ``p[0..3]`` (`
     # the byte table, then two prmts spread each half's 4 bytes into the pairs' high bytes: no shift
     "lut": "{ "
     + _HALVES
-    + _LUT
+    + _lut("s[h]")
     + "p[2 * h] = __byte_perm(m, 0, 0x1404); p[2 * h + 1] = __byte_perm(m, 0, 0x3424); } }",
     # the same, each half's 4 bytes spread by a cvt of e5m2 pairs (fp16's high bytes) instead
-    "lutcvt": "{ " + _HALVES + _LUT + _CVT_E5M2 + "} }",
+    "lutcvt": "{ " + _HALVES + _lut("s[h]") + _CVT_E5M2 + "} }",
 }
 
 
