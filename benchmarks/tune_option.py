@@ -160,8 +160,8 @@ def other_dtype(task: tune.Task) -> list[tuple[str, dict]]:
     other = dataclasses.replace(task, a_dtype=OTHER_DTYPE[task.a_dtype])
 
     def theirs(t: tune.Task, rule) -> list:
-        h = tune._recorded(other, rule)  # noqa: SLF001
-        return [] if h is None else [rule.typed(h.to_dict())]
+        h = tune._recorded(other, rule)  # noqa: SLF001  (typed by the rule already)
+        return [] if h is None else [h]
 
     return _with_records(task, theirs)
 

@@ -63,6 +63,8 @@ def build_only(
 
     t0 = time.perf_counter()
     for tuned, todo in ((True, specs), (False, defaults or [])):
+        if not todo:
+            continue
         with _tuned(tuned), ProcessPoolExecutor(jobs) as pool:  # workers inherit the setting
             for i, k in enumerate(pool.map(_build_repr, todo)):
                 print(f"[{i + 1}/{len(todo)}] {k}", flush=True)
