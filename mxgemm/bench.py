@@ -31,6 +31,12 @@ CALLS = 20  # launches per graph
 DECODE_ROWS_FROM = 32  # from this M, also time decode + cuBLAS (mxgemm_decode) wherever a fused kernel runs
 REPLAYS = 7
 PEERS = ("tinygemm_int4", "gemlite")  # methods of the peers' rows (--peers)
+SHORT = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def other_dtype(a_dtype: str) -> str:
+    """The other activation dtype (the ``twin`` rows of :func:`run`)."""
+    return "bfloat16" if a_dtype == "float16" else "float16"
 
 
 def build_specs(shapes, ms, fmts, a_dtype: str, arch: str, tuned: bool = True) -> list[dict[str, Any]]:
@@ -158,11 +164,16 @@ def run(
     emulated: bool = True,
     compare_default: bool = False,
     peers: bool = False,
+    twin: bool = False,
 ) -> dict[str, Any]:
     """Measure everything; write JSON + markdown (+ PNG if matplotlib is there); return the results.
     ``compare_default`` adds ``mxgemm_default`` rows: the same kernels with the rules' default hints
     instead of the tune logs' (the tuned-vs-default gain). ``peers`` adds the peers' rows
-    (:func:`_peer_layers`: torch's int4 tinygemm in bf16 runs, GemLite's MX layers where installed)."""
+    (:func:`_peer_layers`: torch's int4 tinygemm in bf16 runs, GemLite's MX layers where installed).
+    ``twin`` adds ``mxgemm_bf16`` (or ``_fp16``) rows: the other activation dtype's kernels, timed
+    right after this dtype's on the same weights, each row against cuBLAS of its own dtype (the
+    markdown's last table: one dtype's time over the other's, cell by cell, drift between runs
+    excluded)."""
     import mxgemm
     from mxgemm import ops
     from mxgemm.codegen import target as targets
@@ -210,6 +221,10 @@ def run(
                 ]
                 calls = [(lambda qi=qi, xi=x[adt]: mxgemm.linear(xi, qi)) for qi in cps]
                 add("mxgemm", f, _time_graph(_cycle(calls)), nbytes)
+                if twin:
+                    odt = getattr(torch, other_dtype(a_dtype))
+                    twins = [(lambda qi=qi, xi=x[odt]: mxgemm.linear(xi, qi)) for qi in cps]
+                    add(f"mxgemm_{SHORT[other_dtype(a_dtype)]}", f, _time_graph(_cycle(twins)), nbytes)
                 if len(ops._parts(m, arch, f, n, k, a_dtype, None)) > 1:  # as linear split them: unsplit
                     with _env(ops.SPLIT_ENV, "0"):
                         add("mxgemm_unsplit", f, _time_graph(_cycle(calls)), nbytes)
@@ -236,15 +251,22 @@ def run(
     return _write(rows, a_dtype, copy_tbs, out_dir)
 
 
+def speedups(rows: list[dict[str, Any]], a_dtype: str) -> None:
+    """Set each row's ``vs_cublas``: cuBLAS's time of the same shape and M in ``a_dtype`` over the
+    row's (a ``twin`` row of :func:`run`: cuBLAS of the other dtype's)."""
+    same, twin = f"cublas_{SHORT[a_dtype]}", f"mxgemm_{SHORT[other_dtype(a_dtype)]}"
+    base = {(r["method"], r["n"], r["k"], r["m"]): r["us"] for r in rows if r["method"].startswith("cublas")}
+    for r in rows:
+        vs = f"cublas_{SHORT[other_dtype(a_dtype)]}" if r["method"] == twin else same
+        r["vs_cublas"] = base[(vs, r["n"], r["k"], r["m"])] / r["us"]
+
+
 def _write(rows: list[dict[str, Any]], a_dtype: str, copy_tbs: float, out_dir: str | Path) -> dict[str, Any]:
     """The run's result (each row's speedup over cuBLAS of the activations' dtype), written as JSON,
     markdown and (with matplotlib) a plot under ``out_dir/<gpu>/``."""
     import mxgemm
 
-    same = "cublas_fp16" if a_dtype == "float16" else "cublas_bf16"
-    base = {(r["n"], r["k"], r["m"]): r["us"] for r in rows if r["method"] == same}
-    for r in rows:
-        r["vs_cublas"] = base[(r["n"], r["k"], r["m"])] / r["us"]
+    speedups(rows, a_dtype)
     result = {
         "gpu": torch.cuda.get_device_name(),
         "a_dtype": a_dtype,
@@ -432,7 +454,47 @@ def markdown(result: dict[str, Any]) -> str:
             if meth == "mxgemm":
                 lines.append(f"| bound {fmt} | " + " | ".join(bounds) + " | | |")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + dtype_table(result))
+
+
+def dtype_ratios(result: dict[str, Any]) -> dict[tuple[str, int], list[float]]:
+    """(format, M) → the bf16 kernels' time over the fp16 ones' on each shape, from a run with
+    ``twin`` rows (empty without)."""
+    short = SHORT[result["a_dtype"]]
+    twin = f"mxgemm_{SHORT[other_dtype(result['a_dtype'])]}"
+    us = {(r["method"], r["fmt"], r["n"], r["k"], r["m"]): r["us"] for r in result["rows"]}
+    out: dict[tuple[str, int], list[float]] = {}
+    for (meth, fmt, n, k, m), t in us.items():
+        if meth == twin and ("mxgemm", fmt, n, k, m) in us:
+            ratio = t / us["mxgemm", fmt, n, k, m]
+            out.setdefault((fmt, m), []).append(ratio if short == "fp16" else 1 / ratio)
+    return out
+
+
+def dtype_table(result: dict[str, Any]) -> list[str]:
+    """Markdown lines: per format and M, the range over shapes of the bf16 time over the fp16 time
+    (:func:`dtype_ratios`), and the median and the cells over 1.05x a format."""
+    ratios = dtype_ratios(result)
+    if not ratios:
+        return []
+    ms = sorted({m for _, m in ratios})
+    lines = [
+        "## bf16 kernels' time over fp16's, same run",
+        "",
+        "Each cell: the range over the shapes; last columns over every cell of the format.",
+        "",
+        "| format | " + " | ".join(f"M={m}" for m in ms) + " | median | cells > 1.05x |",
+        "|---|" + "---|" * (len(ms) + 2),
+    ]
+    for fmt in sorted({f for f, _ in ratios}):
+        cells = [ratios.get((fmt, m), []) for m in ms]
+        every = [v for c in cells for v in c]
+        text = [f"{min(c):.2f}–{max(c):.2f}" if c else "–" for c in cells]
+        over = sum(v > 1.05 for v in every)
+        lines.append(
+            f"| {fmt} | " + " | ".join(text) + f" | {statistics.median(every):.2f} | {over} of {len(every)} |"
+        )
+    return [*lines, ""]
 
 
 def speedup_axes(ax: Any, n: int, k: int) -> None:

@@ -173,6 +173,8 @@ def _bench(args: argparse.Namespace) -> int:
     ms = _ints(args.m) if args.m else bench.MS
     if args.build_only:
         specs = bench.build_specs(shapes, ms, fmts, args.a_dtype, args.arch)
+        if args.twin_dtype:
+            specs += bench.build_specs(shapes, ms, fmts, bench.other_dtype(args.a_dtype), args.arch)
         defaults = None  # (the mxgemm_default rows' kernels: their routes may differ from the tuned)
         if args.compare_default:
             defaults = bench.build_specs(shapes, ms, fmts, args.a_dtype, args.arch, tuned=False)
@@ -193,6 +195,7 @@ def _bench(args: argparse.Namespace) -> int:
         emulated=not args.no_emulated,
         compare_default=args.compare_default,
         peers=args.peers,
+        twin=args.twin_dtype,
     )
     return 0
 
@@ -430,6 +433,12 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also time the peers in the same run: torch's int4 tinygemm (group 32; bf16 runs) and, where "
         "installed (pip install 'mxgemm[peers]'), GemLite's A16W4_MXFP / A16W8_MXFP layers",
+    )
+    b.add_argument(
+        "--twin-dtype",
+        action="store_true",
+        help="also time the other activation dtype's kernels right after each of this dtype's "
+        "(mxgemm_bf16 / mxgemm_fp16 rows, against cuBLAS of their dtype) and tabulate bf16 time over fp16",
     )
     b.add_argument(
         "--stack",

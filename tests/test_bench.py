@@ -133,6 +133,36 @@ def test_tinygemm_adds_the_linear_bias():
     torch.testing.assert_close(with_bias(x), plain(x) + lin.bias, rtol=0, atol=0)
 
 
+def test_twin_rows_go_against_cublas_of_their_dtype_and_the_report_tabulates_bf16_over_fp16():
+    """A float16 run with ``twin`` rows (the bf16 kernels on the same weights): each mxgemm row's
+    speedup is over cuBLAS of its own dtype, and the last table gives, per format and M, the range
+    over shapes of bf16 time / fp16 time, its median and the cells over 1.05x."""
+    rows = []
+    for n, f16, b16 in ((1024, 4.0, 4.4), (2048, 8.0, 8.0)):  # bf16/fp16: 1.10 and 1.00
+        for meth, fmt, us in (
+            ("cublas_fp16", "fp16", 10.0), ("cublas_bf16", "bf16", 11.0),
+            ("mxgemm", "mxfp4", f16), ("mxgemm_bf16", "mxfp4", b16),
+        ):  # fmt: skip
+            rows.append(dict(_row(meth, fmt, 16, us, 2228224), n=n))
+    bench.speedups(rows, "float16")
+    vs = {(r["method"], r["n"]): round(r["vs_cublas"], 3) for r in rows}
+    assert vs["mxgemm", 1024] == 2.5 and vs["mxgemm_bf16", 1024] == 2.5  # 10 / 4.0, 11 / 4.4
+    assert vs["cublas_bf16", 1024] == round(10 / 11, 3)  # (cuBLAS bf16 against the run's fp16)
+    result = dict(gpu="GPU", date="d", commit="c", a_dtype="float16", copy_tbs=2.0, rows=rows)
+    assert bench.dtype_ratios(result) == {("mxfp4", 16): [pytest.approx(1.1), 1.0]}
+    md = bench.markdown(result).splitlines()
+    assert "| mxfp4 | 1.00–1.10 | 1.05 | 1 of 2 |" in md
+    # the same rows from a bfloat16 run (fp16 the twin): the same ratios, bf16 over fp16
+    flipped = [
+        dict(r, method={"mxgemm": "mxgemm_fp16", "mxgemm_bf16": "mxgemm"}.get(r["method"], r["method"]))
+        for r in rows
+    ]
+    assert bench.dtype_ratios(dict(result, a_dtype="bfloat16", rows=flipped))["mxfp4", 16] == [
+        pytest.approx(1.1),
+        1.0,
+    ]
+
+
 def test_compare_default_builds_the_routes_the_defaults_take():
     """``mxgemm bench --build-only --compare-default``: where the tune log's record routes a call to
     decode + cuBLAS (512×3584 mxfp4 at 64 rows, a shipped record) the rules' defaults run the fused
