@@ -13,6 +13,7 @@ the GPU box needs only the TVM runtime.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -171,9 +172,9 @@ def run(
     instead of the tune logs' (the tuned-vs-default gain). ``peers`` adds the peers' rows
     (:func:`_peer_layers`: torch's int4 tinygemm in bf16 runs, GemLite's MX layers where installed).
     ``twin`` adds ``mxgemm_bf16`` (or ``_fp16``) rows: the other activation dtype's kernels, timed
-    right after this dtype's on the same weights, each row against cuBLAS of its own dtype (the
-    markdown's last table: one dtype's time over the other's, cell by cell, drift between runs
-    excluded)."""
+    beside this dtype's on the same weights (after them, or before them every other cell), each row
+    against cuBLAS of its own dtype (the markdown's last table: one dtype's time over the other's,
+    cell by cell, drift between runs excluded)."""
     import mxgemm
     from mxgemm import ops
     from mxgemm.codegen import target as targets
@@ -184,6 +185,7 @@ def run(
     copy_tbs = copy_bandwidth()
     rows: list[dict[str, Any]] = []
     partial = Path(out_dir) / "bench.partial.json"  # survives a run cut short
+    flips = itertools.count()  # (twin: which dtype goes first)
     for n, k in shapes:
         g = torch.Generator(device="cpu").manual_seed(n + k)
         w = (torch.randn(n, k, generator=g) * 0.02).to(dev)
@@ -220,11 +222,13 @@ def run(
                     for _ in range(_copies(nbytes) - 1)
                 ]
                 calls = [(lambda qi=qi, xi=x[adt]: mxgemm.linear(xi, qi)) for qi in cps]
-                add("mxgemm", f, _time_graph(_cycle(calls)), nbytes)
-                if twin:
+                timed = [("mxgemm", calls)]
+                if twin:  # every other cell the twin first: a drift within the run favours neither dtype
                     odt = getattr(torch, other_dtype(a_dtype))
                     twins = [(lambda qi=qi, xi=x[odt]: mxgemm.linear(xi, qi)) for qi in cps]
-                    add(f"mxgemm_{SHORT[other_dtype(a_dtype)]}", f, _time_graph(_cycle(twins)), nbytes)
+                    timed.insert(next(flips) % 2, (f"mxgemm_{SHORT[other_dtype(a_dtype)]}", twins))
+                for method, cs in timed:
+                    add(method, f, _time_graph(_cycle(cs)), nbytes)
                 if len(ops._parts(m, arch, f, n, k, a_dtype, None)) > 1:  # as linear split them: unsplit
                     with _env(ops.SPLIT_ENV, "0"):
                         add("mxgemm_unsplit", f, _time_graph(_cycle(calls)), nbytes)

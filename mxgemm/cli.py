@@ -437,8 +437,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument(
         "--twin-dtype",
         action="store_true",
-        help="also time the other activation dtype's kernels right after each of this dtype's "
-        "(mxgemm_bf16 / mxgemm_fp16 rows, against cuBLAS of their dtype) and tabulate bf16 time over fp16",
+        help="also time the other activation dtype's kernels beside each of this dtype's (mxgemm_bf16 / "
+        "mxgemm_fp16 rows, against cuBLAS of their dtype) and tabulate bf16 time over fp16",
     )
     b.add_argument(
         "--stack",
