@@ -409,13 +409,18 @@ def markdown(result: dict[str, Any]) -> str:
     beats it only by outrunning cuBLAS's best rates)."""
     rows = result["rows"]
     roof, peak = read_roofline(rows), compute_roofline(rows)
+    other = other_dtype(result["a_dtype"])
+    twin = f"mxgemm_{SHORT[other]}"
+    twins = any(r["method"] == twin for r in rows)
     lines = [
         f"# mxgemm bench — {result['gpu']}, {result['date']}, commit {result['commit']}",
         "",
         f"a_dtype {result['a_dtype']}; d2d copy {result['copy_tbs']:.2f} TB/s (read+write); read roofline "
         f"{roof:.2f} TB/s (cuBLAS's best weight bytes per second in this run); "
         + (f"compute roofline {peak:.0f} TFLOP/s (cuBLAS's best); " if peak else "")
-        + f"cells: µs (x speedup vs cuBLAS {result['a_dtype']}); mxgemm_decode: decode + cuBLAS; "
+        + f"cells: µs (x speedup vs cuBLAS {result['a_dtype']}"
+        + (f"; {twin} rows: the {other} kernels, vs cuBLAS {other}" if twins else "")
+        + "); mxgemm_decode: decode + cuBLAS; "
         "mxgemm_unsplit: where mxgemm splits the rows between two kernels, all of them on one; bound: "
         "the format's weight bytes at the read roofline or its FLOPs at the compute roofline, whichever "
         "takes longer (cuBLAS's best rates in the run"

@@ -151,6 +151,7 @@ def test_twin_rows_go_against_cublas_of_their_dtype_and_the_report_tabulates_bf1
     result = dict(gpu="GPU", date="d", commit="c", a_dtype="float16", copy_tbs=2.0, rows=rows)
     assert bench.dtype_ratios(result) == {("mxfp4", 16): [pytest.approx(1.1), 1.0]}
     md = bench.markdown(result).splitlines()
+    assert "mxgemm_bf16 rows: the bfloat16 kernels, vs cuBLAS bfloat16" in md[2]
     assert "| mxfp4 | 1.00–1.10 | 1.05 | 1 of 2 |" in md
     # the same rows from a bfloat16 run (fp16 the twin): the same ratios, bf16 over fp16
     flipped = [
