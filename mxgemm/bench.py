@@ -40,6 +40,11 @@ def other_dtype(a_dtype: str) -> str:
     return "bfloat16" if a_dtype == "float16" else "float16"
 
 
+def twin_method(a_dtype: str) -> str:
+    """The method of a run's ``twin`` rows: the other dtype's kernels (``mxgemm_bf16`` in a float16 run)."""
+    return f"mxgemm_{SHORT[other_dtype(a_dtype)]}"
+
+
 def build_specs(shapes, ms, fmts, a_dtype: str, arch: str, tuned: bool = True) -> list[dict[str, Any]]:
     """The `mxgemm.build` arguments of every kernel a run needs (what `mxgemm.linear` picks per M, and
     where it splits the rows, what the ``mxgemm_unsplit`` rows run); ``tuned=False``: what it picks
@@ -226,7 +231,7 @@ def run(
                 if twin:  # every other cell the twin first: a drift within the run favours neither dtype
                     odt = getattr(torch, other_dtype(a_dtype))
                     twins = [(lambda qi=qi, xi=x[odt]: mxgemm.linear(xi, qi)) for qi in cps]
-                    timed.insert(next(flips) % 2, (f"mxgemm_{SHORT[other_dtype(a_dtype)]}", twins))
+                    timed.insert(next(flips) % 2, (twin_method(a_dtype), twins))
                 for method, cs in timed:
                     add(method, f, _time_graph(_cycle(cs)), nbytes)
                 if len(ops._parts(m, arch, f, n, k, a_dtype, None)) > 1:  # as linear split them: unsplit
@@ -258,10 +263,14 @@ def run(
 def speedups(rows: list[dict[str, Any]], a_dtype: str) -> None:
     """Set each row's ``vs_cublas``: cuBLAS's time of the same shape and M in ``a_dtype`` over the
     row's (a ``twin`` row of :func:`run`: cuBLAS of the other dtype's)."""
-    same, twin = f"cublas_{SHORT[a_dtype]}", f"mxgemm_{SHORT[other_dtype(a_dtype)]}"
+    same, other, twin = (
+        f"cublas_{SHORT[a_dtype]}",
+        f"cublas_{SHORT[other_dtype(a_dtype)]}",
+        twin_method(a_dtype),
+    )
     base = {(r["method"], r["n"], r["k"], r["m"]): r["us"] for r in rows if r["method"].startswith("cublas")}
     for r in rows:
-        vs = f"cublas_{SHORT[other_dtype(a_dtype)]}" if r["method"] == twin else same
+        vs = other if r["method"] == twin else same
         r["vs_cublas"] = base[(vs, r["n"], r["k"], r["m"])] / r["us"]
 
 
@@ -409,8 +418,7 @@ def markdown(result: dict[str, Any]) -> str:
     beats it only by outrunning cuBLAS's best rates)."""
     rows = result["rows"]
     roof, peak = read_roofline(rows), compute_roofline(rows)
-    other = other_dtype(result["a_dtype"])
-    twin = f"mxgemm_{SHORT[other]}"
+    other, twin = other_dtype(result["a_dtype"]), twin_method(result["a_dtype"])
     twins = any(r["method"] == twin for r in rows)
     lines = [
         f"# mxgemm bench — {result['gpu']}, {result['date']}, commit {result['commit']}",
@@ -469,8 +477,7 @@ def markdown(result: dict[str, Any]) -> str:
 def dtype_ratios(result: dict[str, Any]) -> dict[tuple[str, int], list[float]]:
     """(format, M) → the bf16 kernels' time over the fp16 ones' on each shape, from a run with
     ``twin`` rows (empty without)."""
-    short = SHORT[result["a_dtype"]]
-    twin = f"mxgemm_{SHORT[other_dtype(result['a_dtype'])]}"
+    short, twin = SHORT[result["a_dtype"]], twin_method(result["a_dtype"])
     us = {(r["method"], r["fmt"], r["n"], r["k"], r["m"]): r["us"] for r in result["rows"]}
     out: dict[tuple[str, int], list[float]] = {}
     for (meth, fmt, n, k, m), t in us.items():
