@@ -45,7 +45,7 @@ import itertools
 
 import rounds
 
-from mxgemm import rules, tune
+from mxgemm import bench, rules, tune
 from mxgemm.codegen.wgmma_w import BK
 from mxgemm.rules.base import replaced
 
@@ -148,16 +148,13 @@ def above(task: tune.Task) -> list[tuple[str, dict]]:
     return _with_records(task, lambda t, rule: tune.at_buckets(t, rule, tune.faster_above(t)))
 
 
-OTHER_DTYPE = {"float16": "bfloat16", "bfloat16": "float16"}
-
-
 @functools.cache
 def other_dtype(task: tune.Task) -> list[tuple[str, dict]]:
     """A task's kernel now and the fused hints of the other activation dtype's record for the same
     shape and bucket (bf16 layers should run within a few percent of fp16 ones; a record tuned for one
     dtype can trail the other's hints, which the tuner seeds bf16 tasks with but later rounds did not
     time again, and fp16 tasks not at all)."""
-    other = dataclasses.replace(task, a_dtype=OTHER_DTYPE[task.a_dtype])
+    other = dataclasses.replace(task, a_dtype=bench.other_dtype(task.a_dtype))
 
     def theirs(t: tune.Task, rule) -> list:
         h = tune._recorded(other, rule)  # noqa: SLF001  (typed by the rule already)
